@@ -1,0 +1,161 @@
+"""`lmrl train | eval | list | report | models`: the command line."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from lmrl.config import PRESET_DESCRIPTIONS, RECIPES_DIR, ConfigError, config_to_yaml, load_config
+
+console = Console(stderr=True)
+
+
+def _registries() -> dict:
+    from lmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
+    from lmrl.data import GROUP_FILTERS, SAMPLERS
+    from lmrl.engines import ENGINES
+    from lmrl.envs import TASKS
+    from lmrl.rewards import REWARD_AGGREGATIONS, REWARD_FNS
+
+    return {"advantages": ADVANTAGES, "losses": LOSSES, "aggregations": AGGREGATIONS, "kl": KL_ESTIMATORS,
+            "rewards": REWARD_FNS, "reward-aggregations": REWARD_AGGREGATIONS, "samplers": SAMPLERS,
+            "filters": GROUP_FILTERS, "tasks": TASKS, "engines": ENGINES}
+
+
+def cmd_list(args) -> int:
+    if args.what == "algos":
+        rows = sorted(PRESET_DESCRIPTIONS.items())
+    elif args.what == "recipes":
+        import yaml
+
+        rows = [(p.stem, (yaml.safe_load(p.read_text()) or {}).get("description", ""))
+                for p in sorted(RECIPES_DIR.glob("*.yaml"))]
+    else:
+        reg = _registries()[args.what]
+        rows = [(name, reg.describe(name)) for name in reg.names()]
+    table = Table(title=args.what)
+    table.add_column("name", style="bold")
+    table.add_column("description")
+    for name, desc in rows:
+        table.add_row(name, desc)
+    Console().print(table)
+    return 0
+
+
+def _latest_run(cfg) -> Path:
+    root = Path(cfg.run.output_dir)
+    prefix = cfg.run.name or f"{cfg.recipe or 'run'}-"
+    runs = sorted((p for p in root.glob(f"{prefix}*") if (p / "checkpoints").exists()), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise ConfigError(f"--resume: no run with checkpoints matching {root / prefix}*")
+    return runs[-1]
+
+
+def _recipe_and_overrides(args) -> tuple[str, list[str]]:
+    """`lmrl train a.b=1` means the quickstart with an override, not a recipe named `a.b=1`."""
+    if args.recipe and "=" in args.recipe:
+        return "quickstart", [args.recipe, *args.overrides]
+    return args.recipe or "quickstart", list(args.overrides)
+
+
+def cmd_train(args) -> int:
+    cfg = load_config(*_recipe_and_overrides(args))
+    if args.dry_run:
+        from lmrl.loops.build import check_names
+
+        check_names(cfg)
+        print(config_to_yaml(cfg), end="")
+        return 0
+    from lmrl.loops import train
+
+    resume = None
+    if args.resume is not None:
+        resume = Path(args.resume) if args.resume else _latest_run(cfg)
+        console.print(f"resuming {resume}")
+    result = train(cfg, resume=resume)
+    before = result.eval_before.get("eval/accuracy")
+    after = result.eval_after.get("eval/accuracy")
+    console.print(f"run directory: {result.run_dir}")
+    if before is not None and after is not None:
+        n = int(result.eval_after.get("eval/num_prompts", 0))
+        console.print(f"[bold]held-out greedy accuracy ({n} prompts): before {before:.3f} → after {after:.3f} "
+                      f"({(after - before) * 100:+.1f} points)")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from lmrl.eval.evaluator import evaluate
+    from lmrl.loops.setup import build_stages
+
+    recipe, overrides = _recipe_and_overrides(args)
+    if args.model:
+        overrides.append(f"model.path={args.model}")
+    overrides += [f"eval.samples={args.samples}", f"eval.pass_k={args.k}"]
+    cfg = load_config(recipe, overrides)
+    s = build_stages(cfg)
+    metrics, _ = evaluate(s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval, cfg.rollout.max_new_tokens,
+                          cfg.reward.accuracy_component, seed=cfg.trainer.seed)
+    for k, v in metrics.items():
+        print(f"{k}: {v:.4f}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from lmrl.eval.report import write_report
+
+    print(write_report(args.run))
+    return 0
+
+
+def cmd_models(args) -> int:
+    from lmrl.models import pull_default_model, resolve_model_path
+
+    path = pull_default_model() if args.action == "pull" else resolve_model_path(args.path or "default")
+    print(path)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lmrl", description="RL post-training of language models")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train with a recipe (default: quickstart) and key=value overrides")
+    t.add_argument("recipe", nargs="?", help="recipe name or YAML path")
+    t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.preset=dapo trainer.lr=2e-5")
+    t.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    t.add_argument("--resume", nargs="?", const="", default=None,
+                   help="continue a run from its last complete checkpoint (default: the latest run of the recipe)")
+    t.set_defaults(fn=cmd_train)
+    e = sub.add_parser("eval", help="greedy accuracy and pass@k on held-out prompts")
+    e.add_argument("recipe", nargs="?")
+    e.add_argument("overrides", nargs="*")
+    e.add_argument("--model", help="model directory, .gguf file or 'default' (e.g. a checkpoint's model/)")
+    e.add_argument("--samples", type=int, default=1, help="sampled completions per prompt for pass@k")
+    e.add_argument("--k", default="[1]", help="pass@k values, e.g. [1,4]")
+    e.set_defaults(fn=cmd_eval)
+    ls = sub.add_parser("list", help="what is registered")
+    ls.add_argument("what", choices=["algos", "recipes", *_registries().keys()])
+    ls.set_defaults(fn=cmd_list)
+    r = sub.add_parser("report", help="write RUN/report.html with plots of the run's metrics")
+    r.add_argument("run")
+    r.set_defaults(fn=cmd_report)
+    m = sub.add_parser("models", help="the embedded default model")
+    m.add_argument("action", choices=["pull", "path"])
+    m.add_argument("path", nargs="?")
+    m.set_defaults(fn=cmd_models)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, FileNotFoundError, ValueError, KeyError) as err:
+        console.print(f"[red]error:[/red] {err}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Typed, validated configuration: recipe YAML files, dotted command-line overrides, presets.
+
+An unknown key, a wrong type or an impossible combination fails here, before any model loads,
+with the key named and the nearest valid key suggested.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported before any model loads."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str = "default"  # "default" (embedded SmolLM2), a transformers directory, or a .gguf file
+
+
+class TaskConfig(Section):
+    name: str = "reasoning_gym"  # registered task: reasoning_gym | jsonl | hf_dataset
+    dataset: str = "basic_arithmetic"  # reasoning-gym dataset name, or a file / directory path
+    params: dict[str, Any] = Field(default_factory=dict)  # generator settings (reasoning-gym)
+    system_prompt: str | None = "Solve the problem. End your reply with 'Answer: <number>'."
+    prompt_field: str = "question"
+    answer_field: str = "answer"
+    num_train: int = Field(2000, ge=1)
+    num_eval: int = Field(100, ge=0)
+    seed: int = 0
+    max_prompt_tokens: int = Field(512, ge=1)
+
+
+class RewardComponent(Section):
+    name: str
+    weight: float = 1.0
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class RewardConfig(Section):
+    components: list[RewardComponent] = Field(default_factory=lambda: [RewardComponent(name="answer")])
+    aggregation: str = "weighted_sum"
+    timeout_s: float = Field(10.0, gt=0)
+    accuracy_component: str = "answer"  # the component reported as accuracy (1.0 = correct)
+
+
+class RolloutConfig(Section):
+    engine: str = "hf"
+    prompts_per_step: int = Field(8, ge=1)
+    group_size: int = Field(8, ge=1)
+    max_new_tokens: int = Field(48, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+
+
+class DataConfig(Section):
+    sampler: str = "uniform"
+    group_filter: str = "none"  # none | nonzero_std (DAPO dynamic sampling)
+    max_gen_batches: int = Field(10, ge=0)  # 0 = unlimited
+
+
+class AlgoConfig(Section):
+    preset: str = "grpo"
+    advantage: str = "grpo"
+    advantage_params: dict[str, Any] = Field(default_factory=dict)
+    loss: str = "ppo_clip"
+    eps_low: float = Field(0.2, ge=0)
+    eps_high: float = Field(0.2, ge=0)
+    dual_clip: float | None = Field(None, gt=1)
+    aggregation: str = "token_mean"
+    horizon: int | None = Field(None, ge=1)  # C of seq_mean_token_sum_norm (default: max_new_tokens)
+    kl_coef: float = Field(0.0, ge=0)
+    kl_estimator: str = "k3"
+    kl_in_reward: bool = False  # fold β·k1 into token rewards instead of the loss
+    entropy_coef: float = 0.0
+    overlong_buffer: int = Field(0, ge=0)  # DAPO overlong shaping; 0 = off
+    overlong_factor: float = Field(1.0, ge=0)
+
+
+class TrainerConfig(Section):
+    steps: int = Field(20, ge=1)
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = Field(0, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    bf16: bool = True  # bf16 autocast for generation and forward/backward; master weights stay fp32
+    micro_batch_tokens: int = Field(8192, ge=1)  # token budget per micro-batch (padded)
+    mini_batches: int = Field(1, ge=1)  # optimiser steps per rollout batch
+    epochs: int = Field(1, ge=1)  # passes over each rollout batch
+    seed: int = 0
+
+
+class EvalConfig(Section):
+    every: int = Field(0, ge=0)  # evaluate every N steps (0: only at start and end)
+    at_start: bool = True
+    at_end: bool = True
+    num_prompts: int | None = Field(None, ge=1)  # default: all of task.num_eval
+    samples: int = Field(1, ge=1)  # > 1: sampled completions per prompt for pass@k
+    pass_k: list[int] = Field(default_factory=lambda: [1])
+    temperature: float = Field(1.0, gt=0)
+    max_new_tokens: int | None = Field(None, ge=1)
+    batch_size: int = Field(64, ge=1)
+
+
+class RunConfig(Section):
+    output_dir: str = "runs"
+    name: str | None = None  # default: recipe name plus a timestamp
+    checkpoint_every: int = Field(10, ge=0)  # 0: only at the end
+    keep_checkpoints: int = Field(2, ge=1)
+    progress: bool = True
+
+
+class Config(Section):
+    recipe: str | None = None
+    description: str = ""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _combinations(self) -> "Config":
+        a = self.algo
+        if a.loss == "gspo" and a.dual_clip is not None:
+            raise ValueError("algo.loss=gspo is a sequence-level ratio; algo.dual_clip applies to token ratios only")
+        if a.kl_in_reward and a.kl_coef == 0:
+            raise ValueError("algo.kl_in_reward=true needs algo.kl_coef > 0")
+        if a.advantage in GROUP_ESTIMATORS and self.rollout.group_size < 2:
+            raise ValueError(
+                f"algo.advantage={a.advantage} compares samples of one prompt; rollout.group_size must be >= 2"
+            )
+        if a.overlong_buffer >= self.rollout.max_new_tokens:
+            raise ValueError("algo.overlong_buffer must be smaller than rollout.max_new_tokens")
+        if self.data.group_filter != "none" and self.rollout.group_size < 2:
+            raise ValueError("data.group_filter needs rollout.group_size >= 2")
+        return self
+
+
+GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
+
+# A preset is a named bundle of dotted settings; anything set explicitly by the user wins.
+PRESETS: dict[str, dict[str, Any]] = {
+    "grpo": {"algo.advantage": "grpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
+    "dapo": {
+        "algo.advantage": "grpo", "algo.loss": "ppo_clip", "algo.eps_low": 0.2, "algo.eps_high": 0.28,
+        "algo.dual_clip": 10.0, "algo.aggregation": "token_mean", "algo.kl_coef": 0.0,
+        "data.group_filter": "nonzero_std",
+    },
+    "dr_grpo": {"algo.advantage": "dr_grpo", "algo.loss": "ppo_clip", "algo.aggregation": "seq_mean_token_sum_norm",
+                "algo.kl_coef": 0.0},
+    "gspo": {"algo.advantage": "grpo", "algo.loss": "gspo", "algo.eps_low": 3e-4, "algo.eps_high": 4e-4,
+             "algo.aggregation": "seq_mean_token_mean", "algo.dual_clip": None},
+    "rloo": {"algo.advantage": "rloo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
+    "reinforce_pp": {"algo.advantage": "reinforce_pp", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean",
+                     "algo.kl_coef": 0.001, "algo.kl_in_reward": True},
+}
+PRESET_DESCRIPTIONS = {
+    "grpo": "GRPO: group-normalised advantages, PPO clip, token-mean",
+    "dapo": "DAPO: clip-higher 0.2/0.28, dual-clip 10, token-mean, dynamic sampling, no KL",
+    "dr_grpo": "Dr.GRPO: no std normalisation, sum over tokens / constant horizon, no KL",
+    "gspo": "GSPO: sequence-level ratio clipped at 3e-4/4e-4, seq-mean-token-mean",
+    "rloo": "RLOO: leave-one-out baseline, PPO clip",
+    "reinforce_pp": "REINFORCE++: batch-whitened return-to-go, k1 KL folded into the reward",
+}
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{key}: {part!r} is not a section")
+    node[parts[-1]] = value
+
+
+def _has_dotted(tree: dict, key: str) -> bool:
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _check_keys(tree: dict, model: type[BaseModel], prefix: str = "") -> None:
+    """Reject unknown keys, naming the nearest valid one."""
+    for key, value in tree.items():
+        fields = model.model_fields
+        if key not in fields:
+            near = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
+            hint = f"; did you mean '{prefix}{near[0]}'?" if near else f"; valid keys: {', '.join(fields)}"
+            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
+        annotation = fields[key].annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and isinstance(value, dict):
+            _check_keys(value, annotation, f"{prefix}{key}.")
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`a.b=value` → ("a.b", YAML-parsed value)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key=value (e.g. algo.loss=gspo)")
+    key, raw = item.split("=", 1)
+    return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def recipe_path(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    candidate = RECIPES_DIR / f"{name_or_path}.yaml"
+    if candidate.exists():
+        return candidate
+    known = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    near = difflib.get_close_matches(name_or_path, known, n=3)
+    hint = f"; did you mean {', '.join(near)}?" if near else ""
+    raise ConfigError(f"no recipe {name_or_path!r}{hint} (shipped: {', '.join(known)})")
+
+
+def load_config(recipe: str | None = "quickstart", overrides: list[str] | None = None) -> Config:
+    """Load a recipe, apply dotted overrides, expand the preset, and validate everything."""
+    tree: dict[str, Any] = {}
+    if recipe:
+        path = recipe_path(recipe)
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: a recipe must be a mapping of sections")
+        tree = loaded
+        tree.setdefault("recipe", path.stem)
+    for item in overrides or []:
+        key, value = parse_override(item)
+        _set_dotted(tree, key, value)
+    return build_config(tree)
+
+
+def build_config(tree: dict[str, Any]) -> Config:
+    tree = copy.deepcopy(tree)
+    _check_keys(tree, Config)
+    preset = (tree.get("algo") or {}).get("preset", AlgoConfig.model_fields["preset"].default)
+    if preset not in PRESETS:
+        near = difflib.get_close_matches(str(preset), list(PRESETS), n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise ConfigError(f"unknown algo.preset {preset!r}{hint} (presets: {', '.join(PRESETS)})")
+    for key, value in PRESETS[preset].items():
+        if not _has_dotted(tree, key):
+            _set_dotted(tree, key, value)
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as err:
+        lines = []
+        for e in err.errors():
+            loc = ".".join(str(p) for p in e["loc"])
+            lines.append(f"{loc or 'config'}: {e['msg']}" + (f" (got {e['input']!r})" if loc else ""))
+        raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+
+
+def config_to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,39 @@
+"""The engine interface: generate completions with behaviour log-probs; accept new weights."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from lmrl.registry import Registry
+
+ENGINES: Registry = Registry("engine")
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]  # log-prob of each token under the sampling distribution (logits / temperature)
+    finish_reason: str  # "stop" or "length"
+    policy_version: list[int] = field(default_factory=list)
+
+
+class Engine(Protocol):
+    version: int
+
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams,
+                 generator: torch.Generator | None = None) -> list[list[Completion]]:
+        """For each prompt, `n` completions."""
+
+    def update_weights(self, named_tensors: dict[str, torch.Tensor] | None, version: int) -> None:
+        """Load new policy weights (None: the engine shares the learner's module) and set the version."""

@@ -1,0 +1,135 @@
+"""The `hf` engine: a transformers model decoded with a KV cache, written for RL rollouts.
+
+Samples of one prompt share one prefill (the prompt cache is computed once and repeated), finished
+rows leave the batch (per-sample stop at EOS), and the log-prob of every sampled token under the
+sampling distribution is returned as the behaviour log-prob.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from transformers import DynamicCache
+
+from lmrl.engines.base import ENGINES, Completion, SamplingParams
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask logits outside the top-k / nucleus (top-p) set with -inf."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop = probs.cumsum(-1) - probs > top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return logits
+
+
+@ENGINES.register("hf", "transformers model, shared prefill per prompt, KV-cached decoding, early exit at EOS")
+class HFEngine:
+    """Generation with a transformers causal LM, in process (CPU or one GPU)."""
+
+    def __init__(self, model, eos_token_ids: list[int], pad_token_id: int, bf16: bool = False):
+        self.model = model
+        self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long)
+        self.pad_token_id = pad_token_id
+        self.bf16 = bf16
+        self.version = 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def update_weights(self, named_tensors: dict[str, torch.Tensor] | None, version: int) -> None:
+        if named_tensors:
+            self.model.load_state_dict(named_tensors, strict=False)
+        self.version = version
+
+    def _autocast(self):
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], n: int, params: SamplingParams,
+                 generator: torch.Generator | None = None) -> list[list[Completion]]:
+        if not prompts:
+            return []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._autocast():
+                tokens, logprobs, stops = self._decode(prompts, n, params, generator)
+        finally:
+            self.model.train(was_training)
+        out: list[list[Completion]] = []
+        for p in range(len(prompts)):
+            group = []
+            for j in range(n):
+                row = p * n + j
+                group.append(Completion(tokens[row], logprobs[row], "stop" if stops[row] else "length",
+                                        [self.version] * len(tokens[row])))
+            out.append(group)
+        return out
+
+    def _decode(self, prompts, n, params: SamplingParams, generator):
+        device = self.device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            attn[i, width - len(p):] = 1
+        ids, attn = ids.to(device), attn.to(device)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, cache=cache,
+                         use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :].float()
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, 0)
+            attn = attn.repeat_interleave(n, 0)
+            positions = positions.repeat_interleave(n, 0)
+        total = logits.shape[0]
+        next_pos = positions[:, -1:] + 1
+        active = torch.arange(total, device=device)  # original row of each row still decoding
+        tokens: list[list[int]] = [[] for _ in range(total)]
+        logprobs: list[list[float]] = [[] for _ in range(total)]
+        stopped = [False] * total
+        eos = self.eos.to(device)
+        for step in range(params.max_new_tokens):
+            chosen, chosen_lp = self._sample(logits, params, generator)
+            finished = torch.isin(chosen, eos)
+            for r, tok, lp, fin in zip(active.tolist(), chosen.tolist(), chosen_lp.tolist(), finished.tolist()):
+                tokens[r].append(tok)
+                logprobs[r].append(lp)
+                stopped[r] = fin
+            if step == params.max_new_tokens - 1 or bool(finished.all()):
+                break
+            if bool(finished.any()):  # finished rows leave the batch and its cache
+                idx = torch.nonzero(~finished).squeeze(1)
+                cache.batch_select_indices(idx)
+                active, chosen, attn, next_pos = active[idx], chosen[idx], attn[idx], next_pos[idx]
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            out = self.model(input_ids=chosen.unsqueeze(1), attention_mask=attn, position_ids=next_pos,
+                             cache=cache, use_cache=True)
+            logits = out.logits[:, -1, :].float()
+            next_pos = next_pos + 1
+        return tokens, logprobs, stopped
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, params: SamplingParams, generator):
+        if params.greedy:
+            logp = torch.log_softmax(logits, dim=-1)
+            chosen = logits.argmax(-1)
+        else:
+            scaled = logits / params.temperature
+            logp = torch.log_softmax(scaled, dim=-1)
+            filtered = filter_logits(scaled, params.top_k, params.top_p)
+            probs = torch.softmax(filtered, dim=-1)
+            chosen = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        return chosen, logp.gather(1, chosen.unsqueeze(1)).squeeze(1)

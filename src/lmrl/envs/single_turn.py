@@ -1,0 +1,51 @@
+"""The single-turn environment: a row becomes chat-templated prompt ids; one completion ends it."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def prompt_messages(row: dict[str, Any], system_prompt: str | None) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return messages + [{"role": "user", "content": row["question"]}]
+
+
+def encode_prompt(tokenizer, row: dict[str, Any], system_prompt: str | None) -> list[int]:
+    """Token ids of the chat-templated prompt, ending with the assistant header."""
+    messages = prompt_messages(row, system_prompt)
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+    text = "\n".join(m["content"] for m in messages) + "\n"
+    return tokenizer(text, add_special_tokens=True)["input_ids"]
+
+
+def encode_rows(tokenizer, rows: list[dict[str, Any]], system_prompt: str | None,
+                max_prompt_tokens: int) -> tuple[list[dict[str, Any]], int]:
+    """Attach `prompt_ids` to each row; rows over the prompt budget are dropped and counted."""
+    kept, dropped = [], 0
+    for row in rows:
+        ids = encode_prompt(tokenizer, row, system_prompt)
+        if len(ids) > max_prompt_tokens:
+            dropped += 1
+            continue
+        kept.append({**row, "prompt_ids": ids})
+    return kept, dropped
+
+
+def rollout(engine, tokenizer, rows: list[dict[str, Any]], n: int, params, generator=None) -> list:
+    """Generate `n` completions per row (one batched engine call) and wrap them as Groups of Samples."""
+    from lmrl.types import Group, Sample
+
+    completions = engine.generate([r["prompt_ids"] for r in rows], n, params, generator)
+    groups = []
+    for row, outs in zip(rows, completions):
+        samples = []
+        for c in outs:
+            text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            samples.append(Sample(prompt_ids=list(row["prompt_ids"]), completion_ids=c.token_ids,
+                                  behaviour_logprobs=c.logprobs, finish_reason=c.finish_reason,
+                                  policy_version=c.policy_version, info={"text": text, "row": row}))
+        groups.append(Group(uid=row["uid"], row=row, samples=samples))
+    return groups

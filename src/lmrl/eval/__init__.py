@@ -1,0 +1,5 @@
+"""Evaluation: metrics (pass@k, diversity, calibration, abstention), the evaluator, the HTML report."""
+from lmrl.eval.metrics import mean_pass_at_k, pass_at_k
+from lmrl.eval.report import write_report
+
+__all__ = ["mean_pass_at_k", "pass_at_k", "write_report"]

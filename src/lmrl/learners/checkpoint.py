@@ -1,0 +1,87 @@
+"""Atomic checkpoints: a directory written under a temporary name, then renamed into place.
+
+Holds transformers-loadable safetensors weights, the optimiser and scheduler, and a JSON/pickle
+state (step, sampler, RNG) so that `--resume` reproduces an uninterrupted run exactly.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+COMPLETE = "COMPLETE"
+
+
+def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "generators": {k: g.get_state() for k, g in generators.items()},
+    }
+
+
+def restore_rng(state: dict[str, Any], generators: dict[str, torch.Generator]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    for k, g in generators.items():
+        g.set_state(state["generators"][k])
+
+
+def save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, scheduler, state: dict[str, Any],
+                    keep: int = 2) -> Path:
+    """Write `root/step-{step}` atomically and prune to the newest `keep` complete checkpoints."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:06d}"
+    tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    model.save_pretrained(tmp / "model", safe_serialization=True)
+    tokenizer.save_pretrained(tmp / "model")
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
+    torch.save(state, tmp / "state.pt")
+    (tmp / "meta.json").write_text(json.dumps({"step": step}))
+    (tmp / COMPLETE).write_text("ok\n")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for old in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints, oldest first; half-written temporary directories are ignored."""
+    if not root.exists():
+        return []
+    found = [p for p in root.glob("step-*") if (p / COMPLETE).exists()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
+    """Restore weights, optimiser and scheduler in place; return the saved state dict."""
+    weights: dict[str, torch.Tensor] = {}
+    for f in sorted((path / "model").glob("*.safetensors")):
+        weights.update(load_file(str(f)))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {k for k in missing if "lm_head" in k and getattr(model.config, "tie_word_embeddings", False)}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"checkpoint {path} does not match the model (missing {missing}, unexpected {unexpected})")
+    optim = torch.load(path / "optim.pt", weights_only=False)
+    optimizer.load_state_dict(optim["optimizer"])
+    scheduler.load_state_dict(optim["scheduler"])
+    return torch.load(path / "state.pt", weights_only=False)

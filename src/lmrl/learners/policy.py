@@ -1,0 +1,182 @@
+"""The single-process learner: log-probs, micro-batching under a token budget, accumulation, updates.
+
+It is blind to the algorithm: it asks it to prepare advantages and to score micro-batches
+(`Algorithm.objective`), and only handles tensors, precision, memory and the optimiser.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+
+import torch
+
+from lmrl.algos.losses import LossInputs
+from lmrl.config import TrainerConfig
+from lmrl.types import Batch
+
+
+def token_budget_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Group rows (sorted by length) so that rows × longest length stays within `budget` tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
+    """Log-prob of `targets` under `logits` ([b, t, V]) and optionally the entropy, in float32."""
+    logits = logits.float()
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    entropy = None
+    if with_entropy:
+        probs = torch.softmax(logits, dim=-1)
+        entropy = lse - (probs * logits).sum(-1)
+    return logp, entropy
+
+
+class Learner:
+    """Policy (and frozen reference, when the algorithm needs one) with AdamW, in one process."""
+
+    def __init__(self, model, cfg: TrainerConfig, temperature: float = 1.0, needs_reference: bool = False):
+        self.model = model
+        self.cfg = cfg
+        self.temperature = temperature
+        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if needs_reference else None
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        warmup = cfg.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        self.shuffle = torch.Generator().manual_seed(cfg.seed)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _autocast(self):
+        if not self.cfg.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    def forward_logprobs(self, model, batch: Batch, with_entropy: bool):
+        """Per-token log-probs [b, T-1] of the batch's own tokens (and entropies), temperature-scaled.
+
+        Only positions from the shortest prompt on reach the LM head, since prompt tokens carry no loss.
+        """
+        ids = batch.input_ids.to(self.device)
+        attn = batch.attention_mask.to(self.device)
+        width = ids.shape[1]
+        first = int(torch.nonzero(batch.completion_mask.sum(0) > 0).min()) if batch.completion_mask.any() else 0
+        keep = width - first
+        with self._autocast():
+            logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=keep).logits
+        logits = logits[:, :-1, :] / self.temperature
+        logp, entropy = selected_logprobs(logits, ids[:, first + 1:], with_entropy)
+        pad = torch.zeros((ids.shape[0], first), dtype=logp.dtype, device=logp.device)
+        logp = torch.cat([pad, logp], dim=1)
+        if entropy is not None:
+            entropy = torch.cat([pad, entropy], dim=1)
+        return logp, entropy
+
+    @torch.no_grad()
+    def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
+        """No-grad log-probs of the whole batch, micro-batched (for old or reference policies)."""
+        model = self.reference if reference else self.model
+        out = torch.zeros_like(batch.completion_mask)
+        lengths = batch.attention_mask.sum(1).tolist()
+        for rows in token_budget_micro_batches(lengths, self.cfg.micro_batch_tokens):
+            micro = batch.select(rows)
+            logp, _ = self.forward_logprobs(model, micro, with_entropy=False)
+            out[rows, : logp.shape[1]] = logp.cpu()
+        return out
+
+    def update(self, batch: Batch, algorithm) -> dict[str, float]:
+        """Optimise the policy on one prepared batch; returns averaged metrics."""
+        self.model.train()
+        steps_per_batch = self.cfg.epochs * self.cfg.mini_batches
+        if steps_per_batch > 1:
+            batch.extras["old_logp"] = self.logprobs(batch)
+        totals: dict[str, float] = {}
+        weight_sum = 0.0
+        skipped = 0
+        grad_norms = []
+        for _ in range(self.cfg.epochs):
+            order = torch.randperm(batch.num_rows, generator=self.shuffle).tolist()
+            for chunk in _split(order, self.cfg.mini_batches):
+                mini = batch.select(chunk)
+                scale = algorithm.scale(mini.completion_mask)
+                self.optimizer.zero_grad(set_to_none=True)
+                finite = True
+                lengths = mini.attention_mask.sum(1).tolist()
+                for rows in token_budget_micro_batches(lengths, self.cfg.micro_batch_tokens):
+                    micro = mini.select(rows)
+                    loss, metrics = self._micro_step(micro, algorithm, scale)
+                    if not torch.isfinite(loss):
+                        finite = False
+                        break
+                    loss.backward()
+                    w = float(micro.completion_mask.sum())
+                    weight_sum += w
+                    for k, v in metrics.items():
+                        totals[k] = totals.get(k, 0.0) + v * w
+                norm = self._clip_and_norm() if finite else float("nan")
+                if not finite or not math.isfinite(norm):
+                    skipped += 1
+                    self.optimizer.zero_grad(set_to_none=True)
+                    continue
+                grad_norms.append(norm)
+                self.optimizer.step()
+        self.scheduler.step()
+        out = {k: v / max(weight_sum, 1.0) for k, v in totals.items()}
+        out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        out["skipped_updates"] = float(skipped)
+        out["lr"] = self.scheduler.get_last_lr()[0]
+        return out
+
+    def _micro_step(self, micro: Batch, algorithm, scale):
+        logp, entropy = self.forward_logprobs(self.model, micro, with_entropy=algorithm.needs_entropy_grad)
+        mask = micro.completion_mask.to(logp.device)
+        old = micro.extras.get("old_logp")
+        ref = micro.extras.get("ref_logp")
+        inputs = LossInputs(
+            logp=logp,
+            old_logp=old.to(logp.device) if old is not None else logp.detach(),
+            advantages=micro.advantages.to(logp.device),
+            mask=mask,
+            ref_logp=ref.to(logp.device) if ref is not None else None,
+            entropy=entropy,
+            extras={k: v.to(logp.device) for k, v in micro.extras.items()},
+        )
+        loss, metrics = algorithm.objective(inputs, scale)
+        if entropy is None:
+            with torch.no_grad():
+                metrics["entropy"] = _approx_entropy(logp, mask)
+        else:
+            metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+        metrics["mismatch_kl"] = float(((micro.behaviour_logprobs.to(mask.device) - logp.detach()) * mask).sum()
+                                       / mask.sum().clamp(min=1))
+        return loss, metrics
+
+    def _clip_and_norm(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+
+def _approx_entropy(logp: torch.Tensor, mask: torch.Tensor) -> float:
+    """Monte-Carlo entropy estimate from the sampled tokens: mean of -log p (no extra softmax pass)."""
+    return float((-logp.detach() * mask).sum() / mask.sum().clamp(min=1))
+
+
+def _split(items: list[int], parts: int) -> list[list[int]]:
+    size = math.ceil(len(items) / parts)
+    return [items[i: i + size] for i in range(0, len(items), size) if items[i: i + size]]

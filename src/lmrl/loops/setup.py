@@ -1,0 +1,83 @@
+"""Assembles the stages of a run from its Config: data first (fails fast), then the model."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lmrl.algos import Algorithm
+from lmrl.config import Config
+from lmrl.data import GROUP_FILTERS, SAMPLERS
+from lmrl.engines import ENGINES, SamplingParams
+from lmrl.envs import TaskError, encode_rows, load_task
+from lmrl.learners import Learner
+from lmrl.loops.build import check_names
+from lmrl.models import load_model, load_tokenizer, resolve_model_path
+from lmrl.rewards import RewardScorer
+
+
+@dataclass
+class Stages:
+    cfg: Config
+    tokenizer: Any
+    model: Any
+    engine: Any
+    algorithm: Algorithm
+    learner: Any
+    sampler: Any
+    keep_group: Any
+    scorer: RewardScorer
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    generator: torch.Generator
+    params: SamplingParams
+    data_notes: dict[str, float]
+
+
+def eos_ids(tokenizer, model) -> list[int]:
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if gen_eos is not None:
+        ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    return sorted(ids)
+
+
+def prepare_data(cfg: Config, tokenizer) -> tuple[list[dict], list[dict], dict[str, float]]:
+    task = load_task(cfg.task)
+    train, dropped_train = encode_rows(tokenizer, task.train, cfg.task.system_prompt, cfg.task.max_prompt_tokens)
+    held, dropped_eval = encode_rows(tokenizer, task.eval, cfg.task.system_prompt, cfg.task.max_prompt_tokens)
+    if not train:
+        raise TaskError(f"every training prompt is longer than task.max_prompt_tokens={cfg.task.max_prompt_tokens}")
+    return train, held, {"data/dropped_long_prompts": float(dropped_train + dropped_eval)}
+
+
+def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
+    """Validate names, load and encode the data, then load the model and build every stage.
+
+    `model` and `tokenizer` may be passed in (tests, notebooks); otherwise `model.path` is loaded.
+    """
+    check_names(cfg)
+    if tokenizer is None:
+        path = resolve_model_path(cfg.model.path)
+        tokenizer = load_tokenizer(path)
+    train, held, notes = prepare_data(cfg, tokenizer)
+    torch.manual_seed(cfg.trainer.seed)
+    if model is None:
+        model = load_model(resolve_model_path(cfg.model.path))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    engine = ENGINES.get(cfg.rollout.engine)(model, eos_ids(tokenizer, model), pad, bf16=cfg.trainer.bf16)
+    algorithm = Algorithm(cfg.algo, cfg.rollout.max_new_tokens)
+    learner = Learner(model, cfg.trainer, cfg.rollout.temperature, needs_reference=algorithm.needs_reference)
+    r = cfg.rollout
+    return Stages(
+        cfg=cfg, tokenizer=tokenizer, model=model, engine=engine, algorithm=algorithm, learner=learner,
+        sampler=SAMPLERS.get(cfg.data.sampler)(train, seed=cfg.trainer.seed),
+        keep_group=GROUP_FILTERS.get(cfg.data.group_filter), scorer=RewardScorer(cfg.reward),
+        train_rows=train, eval_rows=held, generator=torch.Generator().manual_seed(cfg.trainer.seed),
+        params=SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                              top_k=r.top_k),
+        data_notes=notes,
+    )

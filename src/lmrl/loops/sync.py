@@ -1,0 +1,162 @@
+"""The synchronous training loop: sample prompts, roll out, score, filter, update, checkpoint.
+
+Read top to bottom, this file is the algorithm-agnostic RL loop; every choice it makes comes
+from a registry through `Stages`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from lmrl.config import Config
+from lmrl.envs import rollout
+from lmrl.eval.evaluator import evaluate
+from lmrl.learners.checkpoint import latest_checkpoint, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from lmrl.loops.progress import StepProgress
+from lmrl.loops.run_dir import RunDir
+from lmrl.loops.setup import Stages, build_stages
+from lmrl.types import Group, collate
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    steps: int
+    eval_before: dict[str, float] = field(default_factory=dict)
+    eval_after: dict[str, float] = field(default_factory=dict)
+
+
+def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float]]:
+    """Roll out until enough groups pass the group filter (or the generation budget runs out).
+
+    Returns every group generated (for metrics), the kept groups (for the update) and metrics.
+    """
+    want, n = s.cfg.rollout.prompts_per_step, s.cfg.rollout.group_size
+    kept: list[Group] = []
+    seen: list[Group] = []
+    metrics: dict[str, float] = {}
+    batches = 0
+    while len(kept) < want and (s.cfg.data.max_gen_batches == 0 or batches < s.cfg.data.max_gen_batches):
+        groups = rollout(s.engine, s.tokenizer, s.sampler.next_prompts(want), n, s.params, s.generator)
+        for k, v in s.scorer.score(groups).items():
+            metrics[k] = metrics.get(k, 0.0) + v
+        seen += groups
+        kept += [g for g in groups if s.keep_group(g)]
+        batches += 1
+    metrics = {k: v / batches for k, v in metrics.items()}
+    metrics.update({"data/gen_batches": float(batches), "data/kept_groups": float(min(len(kept), want))})
+    return seen, kept[:want], metrics
+
+
+def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, float]:
+    samples = [x for g in groups for x in g.samples]
+    scored = [x for x in samples if x.excluded is None]
+    lengths = [x.num_generated for x in samples]
+    out = {
+        "reward/mean": sum(x.reward for x in scored) / len(scored) if scored else float("nan"),
+        "accuracy": sum(x.rewards.get(accuracy_component, 0.0) >= 1.0 for x in scored) / max(len(scored), 1),
+        "response_length/mean": sum(lengths) / len(lengths),
+        "response_length/max": float(max(lengths)),
+        "truncated": sum(x.finish_reason == "length" for x in samples) / len(samples),
+    }
+    names = {k for x in scored for k in x.rewards}
+    for name in sorted(names):
+        out[f"reward/{name}"] = sum(x.rewards.get(name, 0.0) for x in scored) / len(scored)
+    return out
+
+
+def to_batch(groups: list[Group], pad_id: int):
+    samples, index = [], []
+    for gi, g in enumerate(groups):
+        for x in g.samples:
+            if x.excluded is None:
+                samples.append(x)
+                index.append(gi)
+    return collate(samples, index, pad_id) if samples else None
+
+
+def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None) -> RunResult:
+    """Run `cfg` to completion (or continue the run directory `resume` from its last checkpoint)."""
+    s = stages or build_stages(cfg)
+    run = RunDir(resume) if resume else RunDir.new(cfg)
+    run.write_config(cfg)
+    pad_id = s.engine.pad_token_id
+    gens = {"rollout": s.generator, "shuffle": s.learner.shuffle}
+    start = 0
+    result = RunResult(run.path, cfg.trainer.steps)
+    if resume and (ckpt := latest_checkpoint(run.checkpoints)) is not None:
+        state = load_checkpoint(ckpt, s.model, s.learner.optimizer, s.learner.scheduler)
+        s.sampler.load_state_dict(state["sampler"])
+        restore_rng(state["rng"], gens)
+        start = state["step"]
+        result.eval_before = state.get("eval_before", {})
+        s.engine.update_weights(None, start)
+        run.truncate_after(start)
+
+    def evaluate_now(step: int) -> dict[str, float]:
+        metrics, groups = evaluate(s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval, cfg.rollout.max_new_tokens,
+                                   cfg.reward.accuracy_component, seed=cfg.trainer.seed)
+        run.log(step, metrics)
+        run.log_samples(step, [_sample_row(g, "eval") for g in groups[:3]])
+        return metrics
+
+    def checkpoint(step: int, boundary: dict) -> None:
+        save_checkpoint(run.checkpoints, step, s.model, s.tokenizer, s.learner.optimizer, s.learner.scheduler,
+                        {"step": step, "eval_before": result.eval_before, **boundary}, keep=cfg.run.keep_checkpoints)
+
+    if start == 0 and cfg.eval.at_start and s.eval_rows:
+        result.eval_before = evaluate_now(0)
+    boundary = {"sampler": s.sampler.state_dict(), "rng": rng_state(gens)}
+    done, saved, dirty = start, start, False
+    progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress)
+    try:
+        with progress:
+            for step in range(start + 1, cfg.trainer.steps + 1):
+                t0 = time.perf_counter()
+                seen, kept, metrics = collect_groups(s)
+                t_rollout = time.perf_counter() - t0
+                metrics.update(rollout_metrics(seen, cfg.reward.accuracy_component))
+                generated = sum(x.num_generated for g in seen for x in g.samples)
+                batch = to_batch(kept, pad_id)
+                t1 = time.perf_counter()
+                if batch is not None:
+                    dirty = True
+                    if s.algorithm.needs_reference:
+                        batch.extras["ref_logp"] = s.learner.logprobs(batch, reference=True)
+                    metrics.update(s.algorithm.prepare(batch))
+                    metrics.update(s.learner.update(batch, s.algorithm))
+                    s.engine.update_weights(None, step)
+                else:
+                    metrics["skipped_updates"] = 1.0
+                t_train = time.perf_counter() - t1
+                done, dirty = step, False
+                boundary = {"sampler": s.sampler.state_dict(), "rng": rng_state(gens)}
+                metrics.update({"timing/rollout_s": t_rollout, "timing/train_s": t_train,
+                                "timing/step_s": time.perf_counter() - t0, "tokens_per_s": generated / t_rollout,
+                                **s.data_notes})
+                run.log(step, metrics)
+                run.log_samples(step, [_sample_row(g, "train") for g in seen[:2]])
+                progress.update(step, metrics)
+                if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0:
+                    checkpoint(step, boundary)
+                    saved = step
+                if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps and s.eval_rows:
+                    evaluate_now(step)
+    except BaseException:
+        if done > saved and not dirty:  # weights match `boundary` only between updates
+            checkpoint(done, boundary)
+        raise
+    if done > saved:
+        checkpoint(done, boundary)
+    if cfg.eval.at_end and s.eval_rows:
+        result.eval_after = evaluate_now(cfg.trainer.steps)
+    return result
+
+
+def _sample_row(group: Group, split: str) -> dict:
+    x = group.samples[0]
+    return {"split": split, "prompt": group.row["question"], "completion": x.info["text"], "reward": x.reward,
+            "gold": str(group.row.get("answer")), "excluded": x.excluded}

@@ -1,0 +1,116 @@
+"""The records that flow between stages: Sample (one trajectory), Group (one prompt's samples), Batch.
+
+Token ids are the truth: the learner trains on exactly the ids the engine produced.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Sample:
+    """One trajectory: prompt ids followed by everything generated after them."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    behaviour_logprobs: list[float]
+    finish_reason: str = "stop"  # "stop" (EOS) or "length"
+    policy_version: list[int] = field(default_factory=list)
+    rewards: dict[str, float | None] = field(default_factory=dict)
+    reward: float | None = None
+    excluded: str | None = None  # why this sample is left out of the update (reward error, NaN, …)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.prompt_ids + self.completion_ids
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return [0] * len(self.prompt_ids) + [1] * len(self.completion_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.completion_ids)
+
+
+@dataclass
+class Group:
+    """The samples of one prompt; group-relative methods need them together."""
+
+    uid: str
+    row: dict[str, Any]
+    samples: list[Sample]
+
+    @property
+    def rewards(self) -> list[float | None]:
+        return [s.reward for s in self.samples]
+
+
+@dataclass
+class Batch:
+    """Samples packed into right-padded tensors for the learner.
+
+    `completion_mask` marks generated tokens (shifted: position t predicts token t+1, so the masks
+    and per-token tensors have width T-1). Advantages, weights and any algorithm-specific per-token
+    tensors are filled in by the algorithm before the learner sees the batch.
+    """
+
+    input_ids: torch.Tensor  # [B, T] long
+    attention_mask: torch.Tensor  # [B, T] long
+    completion_mask: torch.Tensor  # [B, T-1] float: 1 on tokens the policy generated
+    behaviour_logprobs: torch.Tensor  # [B, T-1] float, aligned with completion_mask
+    sequence_rewards: torch.Tensor  # [B] float
+    group_index: torch.Tensor  # [B] long: which group each row belongs to
+    advantages: torch.Tensor | None = None  # [B, T-1]
+    weights: torch.Tensor | None = None  # [B, T-1] per-token weights (masks, IS corrections)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, rows: torch.Tensor | list[int]) -> "Batch":
+        """A sub-batch with the given rows, trimmed to its longest sequence."""
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        width = int(self.attention_mask[idx].sum(1).max().item())
+
+        def take(t: torch.Tensor | None, w: int) -> torch.Tensor | None:
+            if t is None:
+                return None
+            t = t[idx]
+            return t[:, :w] if t.dim() > 1 else t
+
+        return Batch(
+            input_ids=take(self.input_ids, width),
+            attention_mask=take(self.attention_mask, width),
+            completion_mask=take(self.completion_mask, width - 1),
+            behaviour_logprobs=take(self.behaviour_logprobs, width - 1),
+            sequence_rewards=take(self.sequence_rewards, 0),
+            group_index=take(self.group_index, 0),
+            advantages=take(self.advantages, width - 1),
+            weights=take(self.weights, width - 1),
+            extras={k: take(v, width - 1) for k, v in self.extras.items()},
+        )
+
+
+def collate(samples: list[Sample], group_index: list[int], pad_id: int) -> Batch:
+    """Right-pad samples into a Batch, with the completion mask aligned to next-token predictions."""
+    width = max(len(s.input_ids) for s in samples)
+    n = len(samples)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    cmask = torch.zeros((n, width - 1))
+    blp = torch.zeros((n, width - 1))
+    for i, s in enumerate(samples):
+        seq = s.input_ids
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        start, end = len(s.prompt_ids) - 1, len(seq) - 1
+        cmask[i, start:end] = 1.0
+        blp[i, start:end] = torch.tensor(s.behaviour_logprobs, dtype=torch.float)
+    rewards = torch.tensor([float(s.reward) for s in samples])
+    return Batch(ids, attn, cmask, blp, rewards, torch.tensor(group_index, dtype=torch.long))
