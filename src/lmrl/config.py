@@ -95,7 +95,7 @@ class TrainerConfig(Section):
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = Field(0, ge=0)
     max_grad_norm: float | None = Field(1.0, gt=0)
-    bf16: bool = True  # bf16 autocast for generation and forward/backward; master weights stay fp32
+    bf16: bool | Literal["auto"] = "auto"  # bf16 autocast (auto: where the hardware has fast bf16)
     micro_batch_tokens: int = Field(8192, ge=1)  # token budget per micro-batch (padded)
     mini_batches: int = Field(1, ge=1)  # optimiser steps per rollout batch
     epochs: int = Field(1, ge=1)  # passes over each rollout batch
@@ -218,7 +218,13 @@ def parse_override(item: str) -> tuple[str, Any]:
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like key=value (e.g. algo.loss=gspo)")
     key, raw = item.split("=", 1)
-    return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    if isinstance(value, str):
+        try:
+            value = float(value)  # YAML 1.1 reads "2e-6" as a string
+        except ValueError:
+            pass
+    return key.strip(), value
 
 
 def recipe_path(name_or_path: str) -> Path:

@@ -46,8 +46,10 @@ def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, with_entropy:
 class Learner:
     """Policy (and frozen reference, when the algorithm needs one) with AdamW, in one process."""
 
-    def __init__(self, model, cfg: TrainerConfig, temperature: float = 1.0, needs_reference: bool = False):
+    def __init__(self, model, cfg: TrainerConfig, temperature: float = 1.0, needs_reference: bool = False,
+                 bf16: bool = False):
         self.model = model
+        self.bf16 = bf16
         self.cfg = cfg
         self.temperature = temperature
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if needs_reference else None
@@ -63,7 +65,7 @@ class Learner:
         return next(self.model.parameters()).device
 
     def _autocast(self):
-        if not self.cfg.bf16:
+        if not self.bf16:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 

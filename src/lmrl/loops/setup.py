@@ -14,6 +14,7 @@ from lmrl.envs import TaskError, encode_rows, load_task
 from lmrl.learners import Learner
 from lmrl.loops.build import check_names
 from lmrl.models import load_model, load_tokenizer, resolve_model_path
+from lmrl.models.precision import resolve_bf16
 from lmrl.rewards import RewardScorer
 
 
@@ -68,9 +69,11 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
     if model is None:
         model = load_model(resolve_model_path(cfg.model.path))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    engine = ENGINES.get(cfg.rollout.engine)(model, eos_ids(tokenizer, model), pad, bf16=cfg.trainer.bf16)
+    bf16 = resolve_bf16(cfg.trainer.bf16, next(model.parameters()).device)
+    engine = ENGINES.get(cfg.rollout.engine)(model, eos_ids(tokenizer, model), pad, bf16=bf16)
     algorithm = Algorithm(cfg.algo, cfg.rollout.max_new_tokens)
-    learner = Learner(model, cfg.trainer, cfg.rollout.temperature, needs_reference=algorithm.needs_reference)
+    learner = Learner(model, cfg.trainer, cfg.rollout.temperature, needs_reference=algorithm.needs_reference,
+                      bf16=bf16)
     r = cfg.rollout
     return Stages(
         cfg=cfg, tokenizer=tokenizer, model=model, engine=engine, algorithm=algorithm, learner=learner,

@@ -67,8 +67,10 @@ class RewardScorer:
             valid = [s for s in group.samples if s.excluded is None]
             if not valid:
                 continue
-            comps = {name: [s.rewards.get(name, 0.0) for s in valid] for name, *_ in self.components}
-            weights = {name: w for name, _, w, _ in self.components}
+            keys = sorted({k for s in valid for k in s.rewards})
+            comps = {k: [s.rewards.get(k, 0.0) for s in valid] for k in keys}
+            weight_of = {name: w for name, _, w, _ in self.components}
+            weights = {k: weight_of[k.split("/")[0]] for k in keys}
             for s, r in zip(valid, self.aggregate(comps, weights)):
                 s.reward = float(r)
         total = sum(len(g.samples) for g in groups)

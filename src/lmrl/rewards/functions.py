@@ -25,8 +25,17 @@ def extract_answer(text: str, pattern: str | None = None) -> str | None:
         return None
     answer = matches[-1] if isinstance(matches[-1], str) else matches[-1][0]
     answer = answer.strip().splitlines()[0] if answer.strip() else ""
-    answer = answer.strip().strip("*").strip().rstrip(".").strip().strip("$").strip()
+    answer = answer.strip(" *$`").rstrip(".").strip(" *$`")
     return answer or None
+
+
+LAST_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
+
+
+def last_number(text: str) -> str | None:
+    """The last number in the text (a lenient fallback when no 'Answer:' marker is present)."""
+    found = LAST_NUMBER.findall(text)
+    return found[-1].rstrip(",") if found else None
 
 
 def _as_number(text: str) -> float | None:
@@ -57,8 +66,11 @@ def _math_verify(predicted: str, gold: str) -> bool:
 
 
 @REWARD_FNS.register("answer", "1 if the extracted answer matches the gold answer (numeric, math-verify, text)")
-def answer_reward(sample: Sample, pattern: str | None = None, **_) -> float:
+def answer_reward(sample: Sample, pattern: str | None = None, fallback: str = "none", **_) -> float:
+    """`fallback="last_number"` grades the last number of a reply that has no 'Answer:' marker."""
     predicted = extract_answer(sample.info["text"], pattern)
+    if predicted is None and fallback == "last_number":
+        predicted = last_number(sample.info["text"])
     return float(predicted is not None and answers_match(predicted, str(sample.info["row"]["answer"])))
 
 

@@ -1,0 +1,47 @@
+"""Shared test helpers: a character-level tokenizer with a chat template, tiny random models, toy tasks."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from lmrl.models import tiny_llama
+
+CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 :+-=?.'<>\n")
+SPECIALS = ["<pad>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS + ["<unk>"])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"<\|im_start\|>|<\|im_end\|>|<pad>|."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<pad>",
+                                  bos_token="<|im_start|>", unk_token="<unk>")
+    tok.add_special_tokens({"additional_special_tokens": SPECIALS[1:]})
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+@pytest.fixture
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture
+def tiny_model(tokenizer):
+    return tiny_llama(vocab_size=len(tokenizer), hidden=32, layers=2, heads=4, seed=0)
+
+
+def write_toy_task(path: Path, n: int = 64) -> Path:
+    """Prompts 'say 7' with gold answer 7: a toy task a random model can learn in seconds."""
+    rows = [{"question": f"q{i % 10} say 7", "answer": "7"} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
