@@ -59,6 +59,7 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
         self.shuffle = torch.Generator().manual_seed(cfg.seed)
+        self.optimizer_steps = 0
 
     @property
     def device(self) -> torch.device:
@@ -136,6 +137,7 @@ class Learner:
                     self.optimizer.zero_grad(set_to_none=True)
                     continue
                 grad_norms.append(norm)
+                self.optimizer_steps += 1  # counted first: weights may change from here on
                 self.optimizer.step()
         self.scheduler.step()
         out = {k: v / max(weight_sum, 1.0) for k, v in totals.items()}

@@ -110,7 +110,7 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
     if start == 0 and cfg.eval.at_start and s.eval_rows:
         result.eval_before = evaluate_now(0)
     boundary = {"sampler": s.sampler.state_dict(), "rng": rng_state(gens)}
-    done, saved, dirty = start, start, False
+    done, saved, updates_at_boundary = start, start, s.learner.optimizer_steps
     progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress)
     try:
         with progress:
@@ -123,7 +123,6 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
                 batch = to_batch(kept, pad_id)
                 t1 = time.perf_counter()
                 if batch is not None:
-                    dirty = True
                     if s.algorithm.needs_reference:
                         batch.extras["ref_logp"] = s.learner.logprobs(batch, reference=True)
                     metrics.update(s.algorithm.prepare(batch))
@@ -132,7 +131,7 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
                 else:
                     metrics["skipped_updates"] = 1.0
                 t_train = time.perf_counter() - t1
-                done, dirty = step, False
+                done, updates_at_boundary = step, s.learner.optimizer_steps
                 boundary = {"sampler": s.sampler.state_dict(), "rng": rng_state(gens)}
                 metrics.update({"timing/rollout_s": t_rollout, "timing/train_s": t_train,
                                 "timing/step_s": time.perf_counter() - t0, "tokens_per_s": generated / t_rollout,
@@ -146,7 +145,7 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
                 if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps and s.eval_rows:
                     evaluate_now(step)
     except BaseException:
-        if done > saved and not dirty:  # weights match `boundary` only between updates
+        if done > saved and s.learner.optimizer_steps == updates_at_boundary:  # weights still match `boundary`
             checkpoint(done, boundary)
         raise
     if done > saved:
