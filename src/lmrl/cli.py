@@ -78,7 +78,7 @@ def cmd_train(args) -> int:
     result = train(cfg, resume=resume)
     before = result.eval_before.get("eval/accuracy")
     after = result.eval_after.get("eval/accuracy")
-    console.print(f"run directory: {result.run_dir}")
+    console.print(f"run directory: {result.run_dir}  (training time {result.train_seconds / 60:.1f} min)")
     if before is not None and after is not None:
         n = int(result.eval_after.get("eval/num_prompts", 0))
         console.print(f"[bold]held-out greedy accuracy ({n} prompts): before {before:.3f} → after {after:.3f} "

@@ -27,6 +27,7 @@ class RunResult:
     steps: int
     eval_before: dict[str, float] = field(default_factory=dict)
     eval_after: dict[str, float] = field(default_factory=dict)
+    train_seconds: float = 0.0  # wall time of the steps run in this process, evaluations excluded
 
 
 def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float]]:
@@ -133,6 +134,7 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
                 t_train = time.perf_counter() - t1
                 done, updates_at_boundary = step, s.learner.optimizer_steps
                 boundary = {"sampler": s.sampler.state_dict(), "rng": rng_state(gens)}
+                result.train_seconds += time.perf_counter() - t0
                 metrics.update({"timing/rollout_s": t_rollout, "timing/train_s": t_train,
                                 "timing/step_s": time.perf_counter() - t0, "tokens_per_s": generated / t_rollout,
                                 **s.data_notes})
