@@ -97,6 +97,7 @@ class TrainerConfig(Section):
     max_grad_norm: float | None = Field(1.0, gt=0)
     bf16: bool | Literal["auto"] = "auto"  # bf16 autocast (auto: where the hardware has fast bf16)
     micro_batch_tokens: int = Field(8192, ge=1)  # token budget per micro-batch (padded)
+    share_prompt: bool = True  # a prompt's samples share one prompt pass in training (exact)
     mini_batches: int = Field(1, ge=1)  # optimiser steps per rollout batch
     epochs: int = Field(1, ge=1)  # passes over each rollout batch
     seed: int = 0

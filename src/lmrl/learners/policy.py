@@ -13,6 +13,7 @@ import torch
 
 from lmrl.algos.losses import LossInputs
 from lmrl.config import TrainerConfig
+from lmrl.learners.packing import budget_units, pack, prompt_units
 from lmrl.types import Batch
 
 
@@ -32,7 +33,7 @@ def token_budget_micro_batches(lengths: list[int], budget: int) -> list[list[int
 
 
 def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
-    """Log-prob of `targets` under `logits` ([b, t, V]) and optionally the entropy, in float32."""
+    """Log-prob of `targets` under `logits` ([..., V]) and optionally the entropy, in float32."""
     logits = logits.float()
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
@@ -70,24 +71,32 @@ class Learner:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
+    def micro_batches(self, batch: Batch) -> list[list[int]]:
+        """Rows per micro-batch within the token budget; a prompt's samples stay together when shared."""
+        if self.cfg.share_prompt:
+            return [[r for unit in units for r in unit] for units in budget_units(batch, self.cfg.micro_batch_tokens)]
+        return token_budget_micro_batches(batch.attention_mask.sum(1).tolist(), self.cfg.micro_batch_tokens)
+
     def forward_logprobs(self, model, batch: Batch, with_entropy: bool):
         """Per-token log-probs [b, T-1] of the batch's own tokens (and entropies), temperature-scaled.
 
-        Only positions from the shortest prompt on reach the LM head, since prompt tokens carry no loss.
+        Rows are packed (`packing.py`): with `share_prompt`, a prompt's samples share one prompt
+        pass; only positions that predict a generated token reach the LM head.
         """
-        ids = batch.input_ids.to(self.device)
-        attn = batch.attention_mask.to(self.device)
-        width = ids.shape[1]
-        first = int(torch.nonzero(batch.completion_mask.sum(0) > 0).min()) if batch.completion_mask.any() else 0
-        keep = width - first
+        units = prompt_units(batch) if self.cfg.share_prompt else [[r] for r in range(batch.num_rows)]
+        packed = pack(batch, units, pad_id=0)
         with self._autocast():
-            logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=keep).logits
-        logits = logits[:, :-1, :] / self.temperature
-        logp, entropy = selected_logprobs(logits, ids[:, first + 1:], with_entropy)
-        pad = torch.zeros((ids.shape[0], first), dtype=logp.dtype, device=logp.device)
-        logp = torch.cat([pad, logp], dim=1)
-        if entropy is not None:
-            entropy = torch.cat([pad, entropy], dim=1)
+            hidden = model.get_decoder()(
+                input_ids=packed.input_ids.to(self.device), attention_mask=packed.attention_mask.to(self.device),
+                position_ids=packed.position_ids.to(self.device)).last_hidden_state
+            logits = model.get_output_embeddings()(hidden[packed.src_row, packed.src_pos])
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        logp_flat, entropy_flat = selected_logprobs(logits, packed.targets.to(self.device), with_entropy)
+        index = (packed.dst_row.to(self.device), packed.dst_t.to(self.device))
+        shape = batch.completion_mask.shape
+        logp = torch.zeros(shape, device=self.device).index_put(index, logp_flat)
+        entropy = None if entropy_flat is None else torch.zeros(shape, device=self.device).index_put(index, entropy_flat)
         return logp, entropy
 
     @torch.no_grad()
@@ -95,8 +104,7 @@ class Learner:
         """No-grad log-probs of the whole batch, micro-batched (for old or reference policies)."""
         model = self.reference if reference else self.model
         out = torch.zeros_like(batch.completion_mask)
-        lengths = batch.attention_mask.sum(1).tolist()
-        for rows in token_budget_micro_batches(lengths, self.cfg.micro_batch_tokens):
+        for rows in self.micro_batches(batch):
             micro = batch.select(rows)
             logp, _ = self.forward_logprobs(model, micro, with_entropy=False)
             out[rows, : logp.shape[1]] = logp.cpu()
@@ -119,8 +127,7 @@ class Learner:
                 scale = algorithm.scale(mini.completion_mask)
                 self.optimizer.zero_grad(set_to_none=True)
                 finite = True
-                lengths = mini.attention_mask.sum(1).tolist()
-                for rows in token_budget_micro_batches(lengths, self.cfg.micro_batch_tokens):
+                for rows in self.micro_batches(mini):
                     micro = mini.select(rows)
                     loss, metrics = self._micro_step(micro, algorithm, scale)
                     if not torch.isfinite(loss):

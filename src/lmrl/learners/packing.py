@@ -1,0 +1,102 @@
+"""Shared-prompt packing: the samples of one prompt train in one row, the prompt computed once.
+
+A packed row is `prompt, completion_1, …, completion_G`. Each completion attends to the prompt and
+causally to itself, never to its siblings; its position ids continue from the prompt's end. The
+forward pass therefore gives exactly the per-sample log-probs of separate rows, while the prompt's
+tokens are processed once per group instead of G times (GRPO groups share their prompt). Only the
+positions that predict a generated token reach the LM head.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lmrl.types import Batch
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor  # [n, W]
+    position_ids: torch.Tensor  # [n, W]
+    attention_mask: torch.Tensor  # [n, 1, W, W] bool, True = may attend
+    src_row: torch.Tensor  # [N] packed row of each predicting position
+    src_pos: torch.Tensor  # [N] its position in the packed row
+    dst_row: torch.Tensor  # [N] the Batch row this prediction belongs to
+    dst_t: torch.Tensor  # [N] its (shifted) position in that Batch row
+    targets: torch.Tensor  # [N] the token being predicted
+    lengths: list[int]  # packed row lengths
+
+
+def prompt_length(batch: Batch, row: int) -> int:
+    positions = torch.nonzero(batch.completion_mask[row]).squeeze(1)
+    return int(positions[0]) + 1 if len(positions) else int(batch.attention_mask[row].sum())
+
+
+def prompt_units(batch: Batch) -> list[list[int]]:
+    """Rows grouped by identical prompt token ids (the unit that shares one prompt)."""
+    units: dict[tuple, list[int]] = {}
+    for row in range(batch.num_rows):
+        p = prompt_length(batch, row)
+        units.setdefault((int(batch.group_index[row]), tuple(batch.input_ids[row, :p].tolist())), []).append(row)
+    return list(units.values())
+
+
+def packed_length(batch: Batch, rows: list[int]) -> int:
+    p = prompt_length(batch, rows[0])
+    return p + sum(int(batch.attention_mask[r].sum()) - p for r in rows)
+
+
+def pack(batch: Batch, units: list[list[int]], pad_id: int) -> PackedBatch:
+    lengths = [packed_length(batch, u) for u in units]
+    width = max(lengths)
+    n = len(units)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    pos = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, 1, width, width), dtype=torch.bool)
+    src_row, src_pos, dst_row, dst_t, targets = [], [], [], [], []
+    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    for i, rows in enumerate(units):
+        p = prompt_length(batch, rows[0])
+        ids[i, :p] = batch.input_ids[rows[0], :p]
+        pos[i, :p] = torch.arange(p)
+        mask[i, 0, :p, :p] = causal[:p, :p]
+        cursor = p
+        for r in rows:
+            total = int(batch.attention_mask[r].sum())
+            comp = batch.input_ids[r, p:total]
+            c = len(comp)
+            span = slice(cursor, cursor + c)
+            ids[i, span] = comp
+            pos[i, span] = torch.arange(p, p + c)
+            mask[i, 0, span, :p] = True
+            mask[i, 0, span, span] = causal[:c, :c]
+            # token k of the completion (Batch position p+k) is predicted from the prompt's last
+            # position for k = 0, and from the completion's own previous token otherwise
+            src_row += [i] * c
+            src_pos += [p - 1] + list(range(cursor, cursor + c - 1))
+            dst_row += [r] * c
+            dst_t += list(range(p - 1, p - 1 + c))
+            targets += comp.tolist()
+            cursor += c
+        for j in range(cursor, width):  # padding attends to itself only (no empty softmax rows)
+            mask[i, 0, j, j] = True
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
+    return PackedBatch(ids, pos, mask, as_long(src_row), as_long(src_pos), as_long(dst_row), as_long(dst_t),
+                       as_long(targets), lengths)
+
+
+def budget_units(batch: Batch, budget: int) -> list[list[list[int]]]:
+    """Micro-batches of prompt units whose padded packed size stays within `budget` tokens."""
+    units = sorted(prompt_units(batch), key=lambda u: packed_length(batch, u))
+    out: list[list[list[int]]] = []
+    current: list[list[int]] = []
+    for unit in units:
+        length = packed_length(batch, unit)
+        if current and (len(current) + 1) * length > budget:
+            out.append(current)
+            current = []
+        current.append(unit)
+    if current:
+        out.append(current)
+    return out
