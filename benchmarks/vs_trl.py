@@ -241,6 +241,30 @@ def trl_config_kwargs(spec: dict) -> dict:
     return kwargs
 
 
+def adapt_to_installed_trl(kwargs: dict) -> tuple[dict, dict]:
+    """Rename or drop GRPOConfig arguments the installed TRL/transformers does not have.
+
+    Returns the arguments to use and {argument: what happened to it}.
+    """
+    import dataclasses
+
+    import trl
+
+    fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    kwargs, notes = dict(kwargs), {}
+    # transformers 5.x renamed gradient_checkpointing (TRL's default: True) to activation_checkpointing
+    if "activation_checkpointing" in fields and "gradient_checkpointing" in kwargs:
+        kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
+        notes["gradient_checkpointing"] = "passed as activation_checkpointing (transformers 5 name)"
+    if "use_cpu" not in fields and "use_cpu" in kwargs and "no_cuda" in fields:
+        kwargs["no_cuda"] = kwargs.pop("use_cpu")
+        notes["use_cpu"] = "passed as no_cuda (older transformers)"
+    for key in [k for k in kwargs if k not in fields]:
+        notes[key] = f"dropped: GRPOConfig has no field {key!r} in TRL {trl.__version__}"
+        kwargs.pop(key)
+    return kwargs, notes
+
+
 def child_trl(spec: dict) -> None:
     chan = setup_child(spec)
     import dataclasses
@@ -290,7 +314,7 @@ def child_trl(spec: dict) -> None:
                       "reward": sum(out) / len(out)})
         return out
 
-    config_kwargs = trl_config_kwargs(spec)
+    config_kwargs, config_notes = adapt_to_installed_trl(trl_config_kwargs(spec))
     args = trl.GRPOConfig(**config_kwargs)
     trainer = trl.GRPOTrainer(model=str(model_dir), reward_funcs=[answer], args=args, train_dataset=dataset,
                               processing_class=tokenizer)
@@ -324,6 +348,7 @@ def child_trl(spec: dict) -> None:
         "lr_scheduler_type", "beta", "temperature", "top_p", "top_k", "epsilon", "epsilon_high", "loss_type",
         "scale_rewards", "importance_sampling_level", "mask_truncated_completions", "use_cpu", "bf16", "fp16",
         "use_vllm", "use_transformers_continuous_batching", "cache_implementation", "gradient_checkpointing",
+        "activation_checkpointing",
         "disable_dropout", "optim", "max_grad_norm", "weight_decay", "shuffle_dataset", "seed", "torch_compile",
         "model_init_kwargs")}
     settings = json.loads(json.dumps(settings, default=str))
@@ -333,7 +358,8 @@ def child_trl(spec: dict) -> None:
             chan.send(event="ready", side="trl", info={
                 "trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
                 "datasets": datasets.__version__, "threads": torch.get_num_threads(), "grpo_config": settings,
-                "grpo_config_kwargs": json.loads(json.dumps(config_kwargs, default=str))})
+                "grpo_config_kwargs": json.loads(json.dumps(config_kwargs, default=str)),
+                "config_notes": config_notes})
             chan.wait()
 
         def on_step_begin(self, args, state, control, **kw):
@@ -538,6 +564,8 @@ def summarise(rounds: list[dict], spec: dict, names: list[str]) -> tuple[str, di
         lines.append("```")
         lines += [f"{k} = {v!r}" for k, v in sorted(info["trl"]["grpo_config"].items())]
         lines.append("```")
+        for key, note in info["trl"].get("config_notes", {}).items():
+            lines.append(f"- `{key}`: {note}")
     if "lmrl" in info:
         c = info["lmrl"]["config"]
         lines.append("")
