@@ -57,4 +57,4 @@ def nonzero_std(group: Group) -> bool:
     rewards = [r for r in group.rewards if r is not None]
     if len(rewards) <= 1:
         return len(rewards) == 1
-    return bool(torch.tensor(rewards).std() > 0)
+    return bool(torch.tensor(rewards, dtype=torch.float).std() > 0)
