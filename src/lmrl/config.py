@@ -75,6 +75,7 @@ class AlgoConfig(Section):
     advantage: str = "grpo"
     advantage_params: dict[str, Any] = Field(default_factory=dict)
     loss: str = "ppo_clip"
+    loss_params: dict[str, Any] = Field(default_factory=dict)  # extra knobs of the chosen loss (docs/methods)
     eps_low: float = Field(0.2, ge=0)
     eps_high: float = Field(0.2, ge=0)
     dual_clip: float | None = Field(None, gt=1)
@@ -154,7 +155,8 @@ class Config(Section):
         return self
 
 
-GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
+GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "xgrpo", "gdpo", "rvpo", "entrocraft",
+                    "eqlen", "p_grpo", "alpo", "prpo"}
 
 # A preset is a named bundle of dotted settings; anything set explicitly by the user wins.
 PRESETS: dict[str, dict[str, Any]] = {

@@ -49,15 +49,26 @@ def read_rewards(run_dir):
     return [r["reward/mean"] for r in rows if "reward/mean" in r]
 
 
-@pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "rloo", "gspo", "dapo", "reinforce_pp"])
-def test_tiny_model_learns_toy_task(tmp_path, preset):
-    extra = {"eps_low": 0.2, "eps_high": 0.2} if preset == "gspo" else {}
-    cfg = toy_config(tmp_path, steps=15, algo={"preset": preset, **extra})
+LOSS_VARIANTS = [
+    {"loss": "htpo", "eps_high": 0.28, "dual_clip": 10.0},
+    {"loss": "cispo", "eps_low": 1.0, "eps_high": 0.28},
+    {"loss": "sapo", "aggregation": "seq_mean_token_mean"},
+    {"loss": "ppo_clip_tis"},
+    {"loss": "ppo_clip_mis_token"},
+    {"loss": "trust_region_masking"},
+]
+
+
+@pytest.mark.parametrize("algo", [{"preset": p} for p in ["grpo", "dr_grpo", "rloo", "dapo", "reinforce_pp"]]
+                         + [{"preset": "gspo", "eps_low": 0.2, "eps_high": 0.2}] + LOSS_VARIANTS,
+                         ids=lambda a: a.get("loss", a.get("preset")))
+def test_tiny_model_learns_toy_task(tmp_path, algo):
+    cfg = toy_config(tmp_path, steps=15, algo=algo)
     result = train(cfg, stages=stages_for(cfg))
     rewards = read_rewards(result.run_dir)
     assert len(rewards) == 15
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    assert last > first + 0.2, (preset, rewards)
+    assert last > first + 0.2, (algo, rewards)
 
 
 def test_resume_gives_same_parameters_as_uninterrupted(tmp_path):

@@ -79,3 +79,15 @@ def test_every_shipped_recipe_validates(recipe):
     cfg = load_config(recipe)
     check_names(cfg)
     assert cfg.description, f"recipe {recipe} needs a description"
+
+
+def test_estimator_needing_inputs_the_loop_lacks_fails_at_config_time():
+    cfg = load_config("quickstart", ["algo.advantage=rvpo"])
+    with pytest.raises(ConfigError, match=r"algo.advantage=rvpo needs per-sample inputs \['components'\]"):
+        check_names(cfg)
+
+
+def test_loss_params_reach_the_loss():
+    cfg = load_config("quickstart", ["algo.loss=sapo", "algo.loss_params={sapo_tau_pos: 2.0}"])
+    check_names(cfg)
+    assert cfg.algo.loss_params == {"sapo_tau_pos": 2.0}

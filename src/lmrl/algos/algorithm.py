@@ -35,7 +35,8 @@ class Algorithm:
 
     @property
     def needs_entropy_grad(self) -> bool:
-        return self.cfg.entropy_coef != 0
+        """Exact per-token entropy is computed when the bonus or the loss itself uses it."""
+        return self.cfg.entropy_coef != 0 or getattr(self.loss_fn, "needs_entropy", False)
 
     def scale(self, mask: torch.Tensor) -> AggScale:
         return AggScale.of(mask, self.cfg.horizon or self.max_new_tokens)
@@ -50,6 +51,7 @@ class Algorithm:
                                        self.cfg.overlong_factor)
             rewards = rewards + penalty
             metrics["overlong_penalty"] = float(penalty.mean())
+        batch.extras.setdefault("rollout_logp", batch.behaviour_logprobs)
         token_rewards = outcome_to_token_rewards(rewards, mask)
         if self.cfg.kl_in_reward:
             kl = k1(batch.behaviour_logprobs, batch.extras["ref_logp"]) * mask
@@ -64,7 +66,7 @@ class Algorithm:
     def objective(self, inputs: LossInputs, scale: AggScale) -> tuple[torch.Tensor, dict[str, float]]:
         """Scalar loss of one micro-batch, normalised by batch-level denominators."""
         token_loss, metrics = self.loss_fn(inputs, eps_low=self.cfg.eps_low, eps_high=self.cfg.eps_high,
-                                           dual_clip=self.cfg.dual_clip)
+                                           dual_clip=self.cfg.dual_clip, **self.cfg.loss_params)
         metrics = dict(metrics)
         metrics["pg_loss"] = float(self.aggregate(token_loss.detach(), inputs.mask, AggScale.of(inputs.mask)))
         if self.cfg.kl_coef > 0 and not self.cfg.kl_in_reward:

@@ -9,6 +9,10 @@ from lmrl.envs import TASKS
 from lmrl.rewards import REWARD_AGGREGATIONS, REWARD_FNS
 
 
+# Per-sample inputs the synchronous loop puts into `Batch.extras` for estimators and losses.
+LOOP_INPUTS = {"acc", "group_acc", "rollout_logp", "ref_logp", "old_logp"}
+
+
 def check_names(cfg: Config) -> None:
     """Every name in the config must be registered; the error names the key and the nearest name."""
     checks = [
@@ -26,6 +30,10 @@ def check_names(cfg: Config) -> None:
     for key, registry, name in checks:
         if name not in registry:
             raise ConfigError(f"{key}: {registry.unknown_message(name)}")
+    missing = getattr(ADVANTAGES.get(cfg.algo.advantage), "requires", set()) - LOOP_INPUTS
+    if missing:
+        raise ConfigError(f"algo.advantage={cfg.algo.advantage} needs per-sample inputs {sorted(missing)} that the "
+                          "training loop does not provide yet; it is available as a function in lmrl.algos")
     names = [c.name for c in cfg.reward.components]
     if len(set(names)) != len(names):
         raise ConfigError(f"reward.components: each component may appear once (got {names})")

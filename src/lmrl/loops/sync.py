@@ -69,14 +69,22 @@ def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, f
     return out
 
 
-def to_batch(groups: list[Group], pad_id: int):
-    samples, index = [], []
+def to_batch(groups: list[Group], pad_id: int, accuracy_component: str | None = None):
+    """Collate the scored samples; per-sample correctness and its group mean go into `extras`."""
+    samples, index, acc, group_acc = [], [], [], []
     for gi, g in enumerate(groups):
-        for x in g.samples:
-            if x.excluded is None:
-                samples.append(x)
-                index.append(gi)
-    return collate(samples, index, pad_id) if samples else None
+        scored = [x for x in g.samples if x.excluded is None]
+        correct = [float(x.rewards.get(accuracy_component, 0.0) >= 1.0) for x in scored]
+        for x, c in zip(scored, correct):
+            samples.append(x)
+            index.append(gi)
+            acc.append(c)
+            group_acc.append(sum(correct) / len(correct))
+    if not samples:
+        return None
+    batch = collate(samples, index, pad_id)
+    batch.extras.update(acc=torch.tensor(acc), group_acc=torch.tensor(group_acc))
+    return batch
 
 
 def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None) -> RunResult:
@@ -121,7 +129,7 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
                 t_rollout = time.perf_counter() - t0
                 metrics.update(rollout_metrics(seen, cfg.reward.accuracy_component))
                 generated = sum(x.num_generated for g in seen for x in g.samples)
-                batch = to_batch(kept, pad_id)
+                batch = to_batch(kept, pad_id, cfg.reward.accuracy_component)
                 t1 = time.perf_counter()
                 if batch is not None:
                     if s.algorithm.needs_reference:
