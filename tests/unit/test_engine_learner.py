@@ -7,7 +7,7 @@ from lmrl.config import AlgoConfig, TrainerConfig
 from lmrl.data import UniformSampler
 from lmrl.engines import HFEngine, SamplingParams
 from lmrl.engines.hf import filter_logits
-from lmrl.learners import Learner, token_budget_micro_batches
+from lmrl.learners import Learner, fill_budget
 from lmrl.models import tiny_llama
 from lmrl.types import Sample, collate
 
@@ -55,8 +55,8 @@ def test_top_k_and_top_p_filters():
     assert kept.tolist() == [True, True, False, False]
 
 
-def test_token_budget_micro_batches():
-    batches = token_budget_micro_batches([10, 3, 7, 3, 9], budget=20)
+def test_fill_budget():
+    batches = fill_budget([10, 3, 7, 3, 9], budget=20)
     assert sorted(i for b in batches for i in b) == [0, 1, 2, 3, 4]
     lengths = [10, 3, 7, 3, 9]
     assert all(len(b) * max(lengths[i] for i in b) <= 20 or len(b) == 1 for b in batches)

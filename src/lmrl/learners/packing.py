@@ -86,17 +86,24 @@ def pack(batch: Batch, units: list[list[int]], pad_id: int) -> PackedBatch:
                        as_long(targets), lengths)
 
 
+def fill_budget(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices grouped, shortest first, so that count × longest length stays within `budget` tokens.
+
+    An item longer than the budget gets a micro-batch of its own.
+    """
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if current and (len(current) + 1) * lengths[i] > budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
 def budget_units(batch: Batch, budget: int) -> list[list[list[int]]]:
     """Micro-batches of prompt units whose padded packed size stays within `budget` tokens."""
-    units = sorted(prompt_units(batch), key=lambda u: packed_length(batch, u))
-    out: list[list[list[int]]] = []
-    current: list[list[int]] = []
-    for unit in units:
-        length = packed_length(batch, unit)
-        if current and (len(current) + 1) * length > budget:
-            out.append(current)
-            current = []
-        current.append(unit)
-    if current:
-        out.append(current)
-    return out
+    units = prompt_units(batch)
+    return [[units[i] for i in group] for group in fill_budget([packed_length(batch, u) for u in units], budget)]

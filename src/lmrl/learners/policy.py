@@ -13,23 +13,8 @@ import torch
 
 from lmrl.algos.losses import LossInputs
 from lmrl.config import TrainerConfig
-from lmrl.learners.packing import budget_units, pack, prompt_units
+from lmrl.learners.packing import budget_units, fill_budget, pack, prompt_units
 from lmrl.types import Batch
-
-
-def token_budget_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
-    """Group rows (sorted by length) so that rows × longest length stays within `budget` tokens."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        if current and (len(current) + 1) * lengths[i] > budget:
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
 
 
 def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
@@ -75,7 +60,7 @@ class Learner:
         """Rows per micro-batch within the token budget; a prompt's samples stay together when shared."""
         if self.cfg.share_prompt:
             return [[r for unit in units for r in unit] for units in budget_units(batch, self.cfg.micro_batch_tokens)]
-        return token_budget_micro_batches(batch.attention_mask.sum(1).tolist(), self.cfg.micro_batch_tokens)
+        return fill_budget(batch.attention_mask.sum(1).tolist(), self.cfg.micro_batch_tokens)
 
     def forward_logprobs(self, model, batch: Batch, with_entropy: bool):
         """Per-token log-probs [b, T-1] of the batch's own tokens (and entropies), temperature-scaled.
