@@ -163,3 +163,13 @@ def test_packing_shares_each_prompt_once():
     packed = pack(batch, units, pad_id=0)
     unpacked_tokens = int(batch.attention_mask.sum())
     assert sum(packed.lengths) == unpacked_tokens - sum(3 * (3 + g) for g in range(3))
+
+
+def test_inverse_cdf_sampling_follows_the_distribution_and_skips_zero_mass():
+    from lmrl.engines.hf import inverse_cdf_sample
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2]]).repeat(20000, 1)
+    draws = inverse_cdf_sample(probs, torch.Generator().manual_seed(0))
+    freq = torch.bincount(draws, minlength=5).float() / len(draws)
+    assert freq[0] == 0 and freq[2] == 0
+    assert freq[[1, 3, 4]].tolist() == pytest.approx([0.5, 0.3, 0.2], abs=0.015)

