@@ -29,10 +29,6 @@ class Sample:
         return self.prompt_ids + self.completion_ids
 
     @property
-    def loss_mask(self) -> list[int]:
-        return [0] * len(self.prompt_ids) + [1] * len(self.completion_ids)
-
-    @property
     def num_generated(self) -> int:
         return len(self.completion_ids)
 

@@ -48,8 +48,3 @@ class RunDir:
             if file.exists():
                 kept = [ln for ln in file.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
                 file.write_text("".join(ln + "\n" for ln in kept))
-
-    def read_metrics(self) -> list[dict[str, Any]]:
-        if not self.metrics_file.exists():
-            return []
-        return [json.loads(ln) for ln in self.metrics_file.read_text().splitlines() if ln.strip()]
