@@ -18,10 +18,10 @@ def _registries() -> dict:
     from lmrl.data import GROUP_FILTERS, SAMPLERS
     from lmrl.engines import ENGINES
     from lmrl.envs import TASKS
-    from lmrl.rewards import REWARD_AGGREGATIONS, REWARD_FNS
+    from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
 
     return {"advantages": ADVANTAGES, "losses": LOSSES, "aggregations": AGGREGATIONS, "kl": KL_ESTIMATORS,
-            "rewards": REWARD_FNS, "reward-aggregations": REWARD_AGGREGATIONS, "samplers": SAMPLERS,
+            "rewards": REWARD_FNS, "group-rewards": GROUP_REWARD_FNS, "reward-aggregations": REWARD_AGGREGATIONS, "samplers": SAMPLERS,
             "filters": GROUP_FILTERS, "tasks": TASKS, "engines": ENGINES}
 
 

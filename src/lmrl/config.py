@@ -45,12 +45,16 @@ class RewardComponent(Section):
     name: str
     weight: float = 1.0
     params: dict[str, Any] = Field(default_factory=dict)
+    timeout_s: float | None = Field(None, gt=0)  # overrides reward.timeout_s (judges need longer)
 
 
 class RewardConfig(Section):
     components: list[RewardComponent] = Field(default_factory=lambda: [RewardComponent(name="answer")])
     aggregation: str = "weighted_sum"
+    aggregation_params: dict[str, Any] = Field(default_factory=dict)  # knobs of the aggregation (docs/rewards)
     timeout_s: float = Field(10.0, gt=0)
+    retries: int = Field(0, ge=0)  # extra attempts when a component raises, times out or returns garbage
+    on_error: Literal["exclude", "zero"] = "exclude"  # what a sample gets once the attempts are used up
     accuracy_component: str = "answer"  # the component reported as accuracy (1.0 = correct)
 
 

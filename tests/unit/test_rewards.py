@@ -76,7 +76,7 @@ def test_hanging_reward_times_out(monkeypatch):
     t = time.perf_counter()
     metrics = scorer.score([g])
     assert time.perf_counter() - t < 2
-    assert g.samples[0].excluded == "reward bad: timeout" and metrics["excluded/timeout"] == 1.0
+    assert g.samples[0].excluded == "reward bad: timeout" and metrics["reward_errors/timeout"] == 1.0
 
 
 def test_dict_rewards_are_named_components(monkeypatch):
@@ -91,3 +91,59 @@ def test_last_number_fallback_is_opt_in():
     assert REWARD_FNS.get("answer")(s) == 0.0
     assert REWARD_FNS.get("answer")(s, fallback="last_number") == 1.0
     assert REWARD_FNS.get("answer")(sample("Answer: 41, not 42"), fallback="last_number") == 0.0
+
+
+def make_group(texts):
+    return Group(uid="g", row={"answer": "42"}, samples=[sample(t) for t in texts])
+
+
+class Rank:
+    """A stateful group component: ranks within the group, counts the groups it has seen."""
+
+    def __init__(self, offset: float = 0.0):
+        self.offset, self.seen = offset, 0
+
+    def __call__(self, samples):
+        self.seen += 1
+        return [self.offset + i for i in range(len(samples))]
+
+
+def test_group_component_stateful_class_retries_and_on_error_zero(monkeypatch):
+    from lmrl.rewards import GROUP_REWARD_FNS
+
+    calls = {"n": 0}
+
+    def flaky(sample, **_):
+        calls["n"] += 1
+        if calls["n"] % 2:
+            raise RuntimeError("transient")
+        return 1.0
+
+    monkeypatch.setitem(GROUP_REWARD_FNS._items, "rank", Rank)
+    monkeypatch.setitem(REWARD_FNS._items, "flaky", flaky)
+    monkeypatch.setitem(REWARD_FNS._items, "broken", lambda sample, **_: float("nan"))
+    cfg = RewardConfig(components=[RewardComponent(name="rank", params={"offset": 1.0}),
+                                   RewardComponent(name="flaky")], retries=1, accuracy_component="flaky")
+    scorer = RewardScorer(cfg)
+    g = make_group(["a", "b", "c"])
+    metrics = scorer.score([g])
+    assert [s.rewards["rank"] for s in g.samples] == [1.0, 2.0, 3.0]
+    assert [s.reward for s in g.samples] == [2.0, 3.0, 4.0]  # every flaky call succeeded on its retry
+    assert scorer.components[0].call.seen == 1 and metrics["reward_errors"] == 0.0 and calls["n"] == 6
+
+    cfg = RewardConfig(components=[RewardComponent(name="broken")], on_error="zero", accuracy_component="broken")
+    g = make_group(["a"])
+    metrics = RewardScorer(cfg).score([g])
+    assert g.samples[0].excluded is None and g.samples[0].reward == 0.0
+    assert metrics["reward_errors/non-finite"] == 1.0 and metrics["excluded"] == 0.0
+
+
+def test_group_component_wrong_shape_excludes_group(monkeypatch):
+    from lmrl.rewards import GROUP_REWARD_FNS
+
+    monkeypatch.setitem(GROUP_REWARD_FNS._items, "short", lambda samples, **_: [1.0])
+    cfg = RewardConfig(components=[RewardComponent(name="short")], accuracy_component="short")
+    g = make_group(["a", "b"])
+    metrics = RewardScorer(cfg).score([g])
+    assert all(s.excluded.startswith("reward short: wrong shape") for s in g.samples)
+    assert metrics["excluded"] == 1.0

@@ -6,7 +6,7 @@ from lmrl.config import Config, ConfigError
 from lmrl.data import GROUP_FILTERS, SAMPLERS
 from lmrl.engines import ENGINES
 from lmrl.envs import TASKS
-from lmrl.rewards import REWARD_AGGREGATIONS, REWARD_FNS
+from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
 
 
 # Per-sample inputs the synchronous loop puts into `Batch.extras` for estimators and losses.
@@ -26,7 +26,8 @@ def check_names(cfg: Config) -> None:
         ("data.group_filter", GROUP_FILTERS, cfg.data.group_filter),
         ("reward.aggregation", REWARD_AGGREGATIONS, cfg.reward.aggregation),
     ]
-    checks += [(f"reward.components[{i}].name", REWARD_FNS, c.name) for i, c in enumerate(cfg.reward.components)]
+    checks += [(f"reward.components[{i}].name", GROUP_REWARD_FNS if c.name in GROUP_REWARD_FNS else REWARD_FNS, c.name)
+               for i, c in enumerate(cfg.reward.components)]
     for key, registry, name in checks:
         if name not in registry:
             raise ConfigError(f"{key}: {registry.unknown_message(name)}")

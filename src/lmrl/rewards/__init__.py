@@ -1,5 +1,6 @@
-"""Rewards: per-sample functions, safe scoring, aggregation of named components."""
-from lmrl.rewards.compute import REWARD_AGGREGATIONS, RewardScorer
+"""Rewards: per-sample and per-group functions, safe scoring, aggregation of named components."""
+from lmrl.rewards.compute import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, RewardScorer, find_component
 from lmrl.rewards.functions import REWARD_FNS, answers_match, extract_answer
 
-__all__ = ["REWARD_AGGREGATIONS", "REWARD_FNS", "RewardScorer", "answers_match", "extract_answer"]
+__all__ = ["GROUP_REWARD_FNS", "REWARD_AGGREGATIONS", "REWARD_FNS", "RewardScorer", "answers_match",
+           "extract_answer", "find_component"]

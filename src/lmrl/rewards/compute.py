@@ -1,13 +1,24 @@
-"""Scoring a rollout: every named component per sample, safely, then aggregation into one reward.
+"""Scoring a rollout: every named component per sample (or per group), safely, then aggregation.
 
-A component that raises, times out, or returns None / NaN / inf / a wrong type marks the sample
-as excluded (with the reason), never stops the run; the counts go into the metrics.
+Two kinds of component, chosen by the registry they are in:
+- `REWARD_FNS`: per sample, `fn(sample, **params) -> float | dict[str, float] | None`;
+- `GROUP_REWARD_FNS`: per group (majority vote, judge rankings, novelty…),
+  `fn(samples, **params) -> list[float | dict[str, float] | None]`, one entry per sample.
+A registered *class* is a stateful component (a memory, a reward model, a judge client): it is
+built once per scorer as `cls(**params)` and then called without params.
+
+A component that raises, times out, or returns None / NaN / inf / a wrong type or shape is retried
+`reward.retries` times, then the sample is excluded (`reward.on_error: exclude`, the default) or
+given 0 for that component (`on_error: zero`); either way it is counted in the metrics and the run
+goes on.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+from typing import Any, Callable
 
 from lmrl.config import RewardConfig
 from lmrl.registry import Registry
@@ -15,65 +26,123 @@ from lmrl.rewards.functions import REWARD_FNS
 from lmrl.types import Group, Sample
 
 REWARD_AGGREGATIONS: Registry = Registry("reward aggregation")
+GROUP_REWARD_FNS: Registry = Registry("group reward function")
 
 
 @REWARD_AGGREGATIONS.register("weighted_sum", "sum of weight × component")
-def weighted_sum(components: dict[str, list[float]], weights: dict[str, float]) -> list[float]:
+def weighted_sum(components: dict[str, list[float]], weights: dict[str, float], **_) -> list[float]:
     n = len(next(iter(components.values())))
     return [sum(weights[name] * values[i] for name, values in components.items()) for i in range(n)]
 
 
+def find_component(name: str) -> tuple[Any, bool]:
+    """(the registered function or class, whether it scores whole groups); KeyError if unknown."""
+    if name in GROUP_REWARD_FNS:
+        return GROUP_REWARD_FNS.get(name), True
+    return REWARD_FNS.get(name), False
+
+
+def _check_value(value: Any) -> tuple[dict[str, float] | None, str | None]:
+    if value is None:
+        return None, "none"
+    values = value if isinstance(value, dict) else {"": value}
+    out = {}
+    for key, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None, f"wrong type {type(v).__name__}"
+        if not math.isfinite(float(v)):
+            return None, "non-finite"
+        out[key] = float(v)
+    return out, None
+
+
+class _Component:
+    """One configured component: bound params, kind, weight."""
+
+    def __init__(self, name: str, weight: float, params: dict, timeout_s: float):
+        target, self.per_group = find_component(name)
+        self.name, self.weight, self.timeout_s = name, weight, timeout_s
+        if inspect.isclass(target):
+            instance = target(**params)
+            self.call: Callable = instance
+        else:
+            self.call = lambda x, _fn=target, _p=params: _fn(x, **_p)
+
+
 class RewardScorer:
-    """Evaluates the configured components on groups and sets `sample.reward`."""
+    """Evaluates the configured components on groups and sets `sample.rewards` and `sample.reward`."""
 
     def __init__(self, cfg: RewardConfig):
         self.cfg = cfg
-        self.components = [(c.name, REWARD_FNS.get(c.name), c.weight, c.params) for c in cfg.components]
+        self.components = [_Component(c.name, c.weight, c.params, c.timeout_s or cfg.timeout_s)
+                           for c in cfg.components]
         self.aggregate = REWARD_AGGREGATIONS.get(cfg.aggregation)
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="reward")
 
-    def _one(self, fn, sample: Sample, params: dict) -> tuple[dict[str, float] | None, str | None]:
-        future = self.pool.submit(fn, sample, **params)
+    def _run(self, comp: _Component, arg) -> tuple[Any, str | None]:
+        """One call under the timeout: (raw value, None) or (None, problem)."""
+        future = self.pool.submit(comp.call, arg)
         try:
-            value = future.result(timeout=self.cfg.timeout_s)
+            return future.result(timeout=comp.timeout_s), None
         except FutureTimeout:
             return None, "timeout"
-        except Exception as err:  # a user reward may raise anything; the sample is excluded
+        except Exception as err:  # a user reward may raise anything; handled per on_error
             return None, f"error: {type(err).__name__}: {err}"
-        if value is None:
-            return None, "none"
-        values = value if isinstance(value, dict) else {"": value}
-        out = {}
+
+    def _score_sample(self, comp: _Component, sample: Sample) -> tuple[dict | None, str | None]:
+        for _ in range(self.cfg.retries + 1):
+            raw, problem = self._run(comp, sample)
+            if problem is None:
+                values, problem = _check_value(raw)
+                if problem is None:
+                    return values, None
+        return None, problem
+
+    def _score_group(self, comp: _Component, samples: list[Sample]) -> list[tuple[dict | None, str | None]]:
+        for _ in range(self.cfg.retries + 1):
+            raw, problem = self._run(comp, samples)
+            if problem is None and (not isinstance(raw, (list, tuple)) or len(raw) != len(samples)):
+                problem = f"wrong shape: expected {len(samples)} values"
+            if problem is None:
+                return [_check_value(v) for v in raw]
+        return [(None, problem)] * len(samples)
+
+    def _record(self, comp: _Component, sample: Sample, values, problem, reasons: Counter) -> None:
+        if problem is not None:
+            reasons[problem.split(":")[0]] += 1
+            if self.cfg.on_error == "zero":
+                sample.rewards[comp.name] = 0.0
+                sample.info.setdefault("reward_errors", {})[comp.name] = problem
+            else:
+                sample.excluded = f"reward {comp.name}: {problem}"
+            return
         for key, v in values.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                return None, f"wrong type {type(v).__name__}"
-            if not math.isfinite(float(v)):
-                return None, "non-finite"
-            out[key] = float(v)
-        return out, None
+            sample.rewards[f"{comp.name}/{key}" if key else comp.name] = v
 
     def score(self, groups: list[Group]) -> dict[str, float]:
         reasons: Counter[str] = Counter()
         for group in groups:
-            for sample in group.samples:
-                for name, fn, _, params in self.components:
-                    values, problem = self._one(fn, sample, params)
-                    if problem is not None:
-                        sample.excluded = f"reward {name}: {problem}"
-                        reasons[problem.split(":")[0]] += 1
-                        break
-                    for key, v in values.items():
-                        sample.rewards[f"{name}/{key}" if key else name] = v
+            for comp in self.components:
+                live = [s for s in group.samples if s.excluded is None]
+                if not live:
+                    break
+                if comp.per_group:
+                    for sample, (values, problem) in zip(live, self._score_group(comp, live)):
+                        self._record(comp, sample, values, problem, reasons)
+                else:
+                    for sample in live:
+                        self._record(comp, sample, *self._score_sample(comp, sample), reasons)
             valid = [s for s in group.samples if s.excluded is None]
             if not valid:
                 continue
             keys = sorted({k for s in valid for k in s.rewards})
             comps = {k: [s.rewards.get(k, 0.0) for s in valid] for k in keys}
-            weight_of = {name: w for name, _, w, _ in self.components}
-            weights = {k: weight_of[k.split("/")[0]] for k in keys}
-            for s, r in zip(valid, self.aggregate(comps, weights)):
+            weight_of = {c.name: c.weight for c in self.components}
+            weights = {k: weight_of.get(k.split("/")[0], 1.0) for k in keys}
+            for s, r in zip(valid, self.aggregate(comps, weights, **self.cfg.aggregation_params)):
                 s.reward = float(r)
         total = sum(len(g.samples) for g in groups)
-        metrics = {"excluded": float(sum(reasons.values())) / max(total, 1)}
-        metrics.update({f"excluded/{k}": float(v) for k, v in reasons.items()})
+        metrics = {"excluded": float(sum(s.excluded is not None for g in groups for s in g.samples)) / max(total, 1),
+                   "reward_errors": float(sum(reasons.values())) / max(total, 1)}
+        metrics.update({f"reward_errors/{k}": float(v) for k, v in reasons.items()})
         return metrics
