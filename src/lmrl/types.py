@@ -72,7 +72,7 @@ class Batch:
     def select(self, rows: torch.Tensor | list[int]) -> "Batch":
         """A sub-batch with the given rows, trimmed to its longest sequence."""
         idx = torch.as_tensor(rows, dtype=torch.long)
-        width = int(self.attention_mask[idx].sum(1).max().item())
+        width = int(self.attention_mask[idx].sum(1).max().item()) if idx.numel() else 1
 
         def take(t: torch.Tensor | None, w: int) -> torch.Tensor | None:
             if t is None:

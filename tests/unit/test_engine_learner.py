@@ -173,3 +173,46 @@ def test_inverse_cdf_sampling_follows_the_distribution_and_skips_zero_mass():
     freq = torch.bincount(draws, minlength=5).float() / len(draws)
     assert freq[0] == 0 and freq[2] == 0
     assert freq[[1, 3, 4]].tolist() == pytest.approx([0.5, 0.3, 0.2], abs=0.015)
+
+
+@pytest.mark.parametrize("mini_batches,epochs", [(1, 1), (2, 2)])
+def test_inert_rows_are_skipped_without_changing_the_update(monkeypatch, mini_batches, epochs):
+    """A group with equal rewards has zero advantages: skipping its rows leaves the update unchanged."""
+    def batch_with_a_flat_group():
+        batch = shared_prompt_batch()
+        batch.sequence_rewards[batch.group_index == 1] = 1.0  # group 1: all rewards equal
+        return batch
+
+    results = []
+    for skip in (False, True):
+        model = tiny_llama(vocab_size=16, hidden=32, layers=2, heads=4, seed=0)
+        learner = Learner(model, TrainerConfig(micro_batch_tokens=30, lr=1e-2, max_grad_norm=None, bf16=False,
+                                               mini_batches=mini_batches, epochs=epochs))
+        algo = Algorithm(AlgoConfig(), max_new_tokens=6)
+        if not skip:
+            monkeypatch.setattr(algo, "inert_rows", lambda b: torch.zeros(b.num_rows, dtype=torch.bool))
+        batch = batch_with_a_flat_group()
+        algo.prepare(batch)
+        forwards = []
+        monkeypatch.setattr(learner, "forward_logprobs",
+                            lambda m, b, **kw: forwards.append(b.num_rows) or Learner.forward_logprobs(learner, m, b, **kw))
+        metrics = learner.update(batch, algo)
+        results.append(([p.detach().clone() for p in model.parameters()] + [p.grad.clone() for p in model.parameters()],
+                        sum(forwards), metrics))
+    (params_all, rows_all, _), (params_skip, rows_skip, metrics) = results
+    assert metrics["inert_rows"] == pytest.approx(4 / 12)
+    assert rows_skip < rows_all
+    for a, b in zip(params_all, params_skip):  # weights and the last mini-batch's gradients
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_no_rows_are_inert_with_an_entropy_bonus_or_kl_loss():
+    batch = shared_prompt_batch()
+    batch.sequence_rewards.fill_(1.0)
+    for cfg in (AlgoConfig(entropy_coef=0.01), AlgoConfig(kl_coef=0.1)):
+        algo = Algorithm(cfg, max_new_tokens=6)
+        algo.prepare(batch) if cfg.kl_coef == 0 else setattr(batch, "advantages", torch.zeros_like(batch.completion_mask))
+        assert not algo.inert_rows(batch).any()
+    algo = Algorithm(AlgoConfig(), max_new_tokens=6)
+    algo.prepare(batch)
+    assert algo.inert_rows(batch).all()

@@ -38,6 +38,19 @@ class Algorithm:
         """Exact per-token entropy is computed when the bonus or the loss itself uses it."""
         return self.cfg.entropy_coef != 0 or getattr(self.loss_fn, "needs_entropy", False)
 
+    def inert_rows(self, batch: Batch) -> torch.Tensor:
+        """[B] bool: rows whose loss and gradient are exactly zero, so the learner may skip them.
+
+        True where every advantage of the row is 0, the loss is declared zero there
+        (`zero_at_zero_advantage`: row-local and proportional to A), and no KL or entropy term
+        would still pull on the row. Denominators stay those of the whole batch (`scale`).
+        """
+        rows = batch.completion_mask.shape[0]
+        if (not getattr(self.loss_fn, "zero_at_zero_advantage", False) or self.cfg.entropy_coef != 0
+                or (self.cfg.kl_coef > 0 and not self.cfg.kl_in_reward) or batch.advantages is None):
+            return torch.zeros(rows, dtype=torch.bool)
+        return ((batch.advantages != 0) & (batch.completion_mask > 0)).sum(1) == 0
+
     def scale(self, mask: torch.Tensor) -> AggScale:
         return AggScale.of(mask, self.cfg.horizon or self.max_new_tokens)
 

@@ -71,3 +71,16 @@ def gspo(x: LossInputs, eps_low: float = 3e-4, eps_high: float = 4e-4, **_):
 def policy_gradient(x: LossInputs, **_):
     ratio = torch.exp((x.logp - x.old_logp).clamp(-20.0, 20.0))
     return -x.advantages * ratio, {"ratio_mean": _masked_mean(ratio.detach(), x.mask)}
+
+
+def zero_at_zero_advantage(*losses) -> None:
+    """Mark losses whose per-row value and gradient vanish when the row's advantages are all 0.
+
+    Each row's loss must depend on that row only and be proportional to its advantages; the
+    learner then skips such rows (a GRPO group with equal rewards costs no forward/backward).
+    """
+    for fn in losses:
+        fn.zero_at_zero_advantage = True
+
+
+zero_at_zero_advantage(ppo_clip, gspo, policy_gradient)

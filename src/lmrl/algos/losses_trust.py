@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lmrl.algos.losses import LOSSES, LossInputs, _masked_mean, clipped_surrogate, ppo_clip
+from lmrl.algos.losses import LOSSES, LossInputs, _masked_mean, clipped_surrogate, ppo_clip, zero_at_zero_advantage
 
 SAFETY_BOUND = 20.0  # log-ratios are clamped to ±20 before exp, as in verl
 
@@ -290,3 +290,4 @@ def sapo(x: LossInputs, sapo_tau_pos: float = 1.0, sapo_tau_neg: float = 1.05, *
     return loss, metrics
 
 htpo.needs_entropy = True  # the learner computes exact token entropies for it
+zero_at_zero_advantage(htpo, ppo_clip_tis, ppo_clip_mis_token, ppo_clip_mis_seq, trust_region_masking, cispo, sapo)

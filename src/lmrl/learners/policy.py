@@ -85,22 +85,30 @@ class Learner:
         return logp, entropy
 
     @torch.no_grad()
-    def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
-        """No-grad log-probs of the whole batch, micro-batched (for old or reference policies)."""
+    def logprobs(self, batch: Batch, reference: bool = False, rows: list[int] | None = None) -> torch.Tensor:
+        """No-grad log-probs (for old or reference policies) of `rows` (default all), micro-batched."""
         model = self.reference if reference else self.model
         out = torch.zeros_like(batch.completion_mask)
-        for rows in self.micro_batches(batch):
-            micro = batch.select(rows)
-            logp, _ = self.forward_logprobs(model, micro, with_entropy=False)
-            out[rows, : logp.shape[1]] = logp.cpu()
+        sub = batch if rows is None else batch.select(rows)
+        targets = list(range(batch.num_rows)) if rows is None else rows
+        for micro_rows in self.micro_batches(sub) if sub.num_rows else []:
+            logp, _ = self.forward_logprobs(model, sub.select(micro_rows), with_entropy=False)
+            out[[targets[r] for r in micro_rows], : logp.shape[1]] = logp.cpu()
         return out
 
     def update(self, batch: Batch, algorithm) -> dict[str, float]:
-        """Optimise the policy on one prepared batch; returns averaged metrics."""
+        """Optimise the policy on one prepared batch; returns averaged metrics.
+
+        Rows the algorithm declares inert (zero loss and gradient, e.g. a group whose rewards are
+        all equal) get no forward or backward pass; the loss denominators still count them, so the
+        gradient is the one of the whole batch. Every mini-batch still takes its optimiser step.
+        """
         self.model.train()
+        inert = algorithm.inert_rows(batch).tolist()
+        live = [r for r in range(batch.num_rows) if not inert[r]]
         steps_per_batch = self.cfg.epochs * self.cfg.mini_batches
         if steps_per_batch > 1:
-            batch.extras["old_logp"] = self.logprobs(batch)
+            batch.extras["old_logp"] = self.logprobs(batch, rows=live)
         totals: dict[str, float] = {}
         weight_sum = 0.0
         skipped = 0
@@ -108,11 +116,11 @@ class Learner:
         for _ in range(self.cfg.epochs):
             order = torch.randperm(batch.num_rows, generator=self.shuffle).tolist()
             for chunk in _split(order, self.cfg.mini_batches):
-                mini = batch.select(chunk)
-                scale = algorithm.scale(mini.completion_mask)
-                self.optimizer.zero_grad(set_to_none=True)
+                scale = algorithm.scale(batch.select(chunk).completion_mask)
+                mini = batch.select([r for r in chunk if not inert[r]])
+                self._zero_grads()
                 finite = True
-                for rows in self.micro_batches(mini):
+                for rows in self.micro_batches(mini) if mini.num_rows else []:
                     micro = mini.select(rows)
                     loss, metrics = self._micro_step(micro, algorithm, scale)
                     if not torch.isfinite(loss):
@@ -135,6 +143,7 @@ class Learner:
         out = {k: v / max(weight_sum, 1.0) for k, v in totals.items()}
         out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         out["skipped_updates"] = float(skipped)
+        out["inert_rows"] = float(sum(inert)) / max(batch.num_rows, 1)
         out["lr"] = self.scheduler.get_last_lr()[0]
         return out
 
@@ -161,6 +170,12 @@ class Learner:
         metrics["mismatch_kl"] = float(((micro.behaviour_logprobs.to(mask.device) - logp.detach()) * mask).sum()
                                        / mask.sum().clamp(min=1))
         return loss, metrics
+
+    def _zero_grads(self) -> None:
+        """Zeroed (not freed) gradients: a mini-batch of only inert rows still steps AdamW exactly."""
+        for p in self.model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
 
     def _clip_and_norm(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
