@@ -118,6 +118,19 @@ def cmd_models(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import os
+
+    from lmrl.serve import serve
+
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    if args.api_key_env and not api_key:
+        raise ValueError(f"--api-key-env {args.api_key_env}: that environment variable is not set")
+    serve(args.model, host=args.host, port=args.port, model_name=args.name, api_key=api_key, device=args.device,
+          max_tokens_limit=args.max_tokens_limit)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lmrl", description="RL post-training of language models")
     sub = p.add_subparsers(dest="command", required=True)
@@ -145,6 +158,15 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("action", choices=["pull", "path"])
     m.add_argument("path", nargs="?")
     m.set_defaults(fn=cmd_models)
+    sv = sub.add_parser("serve", help="serve a model as an OpenAI-compatible chat endpoint (e.g. a local judge)")
+    sv.add_argument("model", help="model directory, .gguf file or 'default'")
+    sv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--name", help="model name reported by the API (default: the directory name or 'default')")
+    sv.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    sv.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask for")
+    sv.add_argument("--api-key-env", help="require 'Authorization: Bearer <key>' with the key in this environment variable")
+    sv.set_defaults(fn=cmd_serve)
     return p
 
 
