@@ -76,7 +76,7 @@ def test_bad_knobs_fail_clearly():
     with pytest.raises(ValueError, match="fallback"):
         majority_vote(group_of("1"), fallback="first_number")
     with pytest.raises(ValueError, match="compare"):
-        majority_vote(group_of("1", "2"), compare="fuzzy")
+        majority_vote(group_of("1"), compare="fuzzy")
 
 
 def test_majority_vote_with_a_weight_zero_gold_component_in_the_scorer():
@@ -251,7 +251,7 @@ def test_novelty_against_the_row_history():
                make("You could rest. That makes sense.", completion_len=400)]
     for s in samples:
         s.info["row"].update(hist)
-    # raw KL vs h: [~0, 1.386 (2 tactics, see below), ...]; entropy: [0, 0, ln 2]
+    # entropy: [0, 0, ln 2] → normalised [0, 0, 1]
     kl = [tactic_kl(c, {"validation": 2}, list(TACTICS)) for c in ({"validation": 2}, {"advice": 2},
                                                                    {"advice": 1, "validation": 1})]
     kl_hat = minmax(kl)
@@ -282,3 +282,12 @@ def test_novelty_group_history_quality_and_label_leak():
         novelty(samples, tactics=TACTICS, quality_component="rm")
     with pytest.raises(ValueError, match="has no"):
         novelty(samples, tactics=TACTICS, history="row")
+
+
+def test_meds_is_built_once_per_scorer_and_remembers_across_calls():
+    scorer = RewardScorer(RewardConfig(components=[{"name": "meds", "params": {"coef": 0.5}}]))
+    first, second = group_of("7", "5", "5", "6", "6"), group_of("5")
+    scorer.score([Group("g", first[0].info["row"], first)])
+    scorer.score([Group("g", second[0].info["row"], second)])
+    assert [s.reward for s in first] == [1.0, -1.0, -1.0, -1.0, -1.0]
+    assert second[0].reward == pytest.approx(-1 - 0.5 * math.log(3))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import threading
 import zlib
 from collections import Counter
 
@@ -40,13 +41,13 @@ def sample_answer(sample: Sample, pattern: str | None = None, fallback: str = "n
 def _same(a: str, b: str, compare: str) -> bool:
     if compare == "match":
         return answers_match(a, b)
-    if compare == "exact":
-        return " ".join(a.lower().split()) == " ".join(b.lower().split())
-    raise ValueError(f"compare must be 'match' or 'exact', got {compare!r}")
+    return " ".join(a.lower().split()) == " ".join(b.lower().split())
 
 
 def answer_classes(answers: list[str | None], compare: str = "match") -> list[int | None]:
     """Class id per answer (equal answers share one; None stays None), ids in order of first appearance."""
+    if compare not in ("match", "exact"):
+        raise ValueError(f"compare must be 'match' or 'exact', got {compare!r}")
     representatives: list[str] = []
     ids: list[int | None] = []
     for a in answers:
@@ -325,6 +326,7 @@ class MEDS:
         self.correct_reward, self.wrong_reward, self.noise_as_cluster = correct_reward, wrong_reward, noise_as_cluster
         self.pattern, self.fallback = pattern, fallback
         self.memory: dict[tuple, dict] = {}
+        self.lock = threading.Lock()  # a timed-out call may still be running when the next one starts
 
     def features(self, sample: Sample) -> np.ndarray:
         if self.feature == "answer":
@@ -361,6 +363,10 @@ class MEDS:
         return int((slot["labels"] == label).sum())
 
     def __call__(self, samples: list[Sample]) -> list[float]:
+        with self.lock:
+            return self._score(samples)
+
+    def _score(self, samples: list[Sample]) -> list[float]:
         prompt = tuple(samples[0].prompt_ids) if samples else ()
         vectors = [self.features(s) for s in samples]
         correct = [self.is_correct(s) for s in samples]
