@@ -1,0 +1,383 @@
+"""Run untrusted Python (model-written code) in a separate, limited process.
+
+`run_python(code, ...) -> SandboxResult` runs `code` in a fresh interpreter and never raises for
+anything the code does. Two layers contain it (docs/rewards/code_tests.md has the full table):
+
+Enforced by the kernel
+- rlimits set before the code runs (hard = soft, so the code cannot raise them again): CPU time
+  (RLIMIT_CPU), address space (RLIMIT_AS), file size (RLIMIT_FSIZE), open files (RLIMIT_NOFILE),
+  no core dumps, and a process/thread count (RLIMIT_NPROC).
+- a new session (process group) killed as a whole at the wall-clock timeout, when the output cap
+  is exceeded, and after the code exits (stray children die with it).
+- when `unshare` can create namespaces (probed once): a user + network namespace (no interface but
+  a down loopback: no network at all), a pid namespace whose init is the sandbox (processes outside
+  cannot be seen or signalled; everything inside dies with it) and a private /proc.
+- when the parent runs as root: the code runs as an unprivileged user (`nobody`), so file
+  permissions stop it writing the system's files, signalling the parent or reading its /proc.
+- a fresh temporary directory as cwd and HOME (deleted afterwards), a minimal environment (nothing
+  from the parent's), stdin from /dev/null, the code fed through a pipe (never written to disk).
+
+Enforced by an audit hook (`sys.addaudithook`, installed before the code runs; it cannot be removed)
+- no sockets other than AF_UNIX, no connect/bind/sendto, no DNS lookups;
+- no process creation (fork, exec, posix_spawn, os.system, subprocess), no `_posixsubprocess`;
+- os.kill/killpg only of the sandbox's own pid; no rlimit changes; no ctypes (so no raw syscalls);
+- file writes, deletes, renames, mkdir, chmod… only inside the temporary directory (and /dev/null);
+- no reads of other processes' /proc entries nor of /proc/*/mem, nor of secret-holding paths
+  (`deny_read`, default: ~/.ssh, ~/.aws, … of the parent's home).
+An audit hook is a guard inside the interpreter, not a security boundary: code that finds a hole
+in CPython could get past it. The kernel layer is what bounds time, memory, processes and output.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pwd
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+SECRET_PATHS = (".ssh", ".aws", ".gnupg", ".netrc", ".config", ".docker", ".kube", ".cache/huggingface",
+                ".git-credentials", ".pypirc")
+NAMESPACE_FLAGS = (
+    ["--user", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc"],
+    ["--user", "--net", "--pid", "--fork", "--kill-child"],
+    ["--user", "--net"],
+)
+
+
+@dataclass
+class SandboxResult:
+    """What happened: `status` is ok | error | timeout | memory | killed (`reason` says why)."""
+
+    status: str
+    stdout: str
+    stderr: str
+    returncode: int | None  # the code's exit status; -N when signal N ended it; None when we killed it
+    wall_s: float
+    reason: str = ""
+    truncated: bool = False  # stdout/stderr were cut at max_output_bytes
+
+
+# The child program, passed with -c. It reads the code from a pipe, sets the rlimits, forks: the
+# supervisor waits and exits 128+N when signal N ended the worker; the worker installs the audit
+# hook and runs the code.
+_BOOTSTRAP = r'''
+import os, sys, json, resource, signal, traceback
+cfg = json.loads(sys.argv[1])
+with os.fdopen(cfg["code_fd"], "rb") as f:
+    source = f.read().decode("utf-8", "replace")
+for name, value in cfg["rlimits"].items():
+    resource.setrlimit(getattr(resource, name), (value, value))
+try:
+    pid = os.fork()
+except OSError as err:
+    sys.stderr.write(f"sandbox: cannot start the worker: {err}\n")
+    os._exit(125)
+if pid:
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except ChildProcessError:
+            os._exit(125)
+        except InterruptedError:
+            continue
+    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+ROOT = os.path.realpath(cfg["root"])
+WRITABLE = (ROOT, "/dev/null")
+DENY_READ = tuple(os.path.realpath(p) for p in cfg["deny_read"])
+ME = str(os.getpid())
+AF_UNIX = 1
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+PATH_EVENTS = {"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.chmod": (0,), "os.chown": (0,),
+               "os.truncate": (0,), "os.utime": (0,), "os.rename": (0, 1), "os.link": (0, 1), "os.symlink": (1,),
+               "os.setxattr": (0,), "os.removexattr": (0,), "shutil.rmtree": (0,)}
+DENIED = {"os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "subprocess.Popen",
+          "os.killpg", "resource.setrlimit", "resource.prlimit", "socket.connect", "socket.bind",
+          "socket.sendto", "socket.sendmsg", "socket.getaddrinfo", "socket.gethostbyname",
+          "socket.gethostbyname_ex", "socket.gethostbyaddr", "ctypes.dlopen", "ctypes.dlsym",
+          "ctypes.dlsym/handle", "ctypes.cdata", "ctypes.call_function", "os.startfile", "pty.spawn"}
+DENIED_IMPORTS = {"_posixsubprocess", "_ctypes"}
+
+def _path(p):
+    if isinstance(p, int):
+        return None
+    p = os.fsdecode(os.fspath(p))
+    return os.path.normpath(os.path.join(os.getcwd(), p))
+
+def _inside(path, roots):
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+def _check_write(p, event):
+    path = _path(p)
+    if path is not None and not _inside(os.path.realpath(path), WRITABLE):
+        raise PermissionError(f"sandbox: {event} outside the sandbox directory is not allowed: {path}")
+
+def _proc_denied(path):
+    parts = path.split("/")
+    if len(parts) < 3 or parts[1] != "proc":
+        return False
+    return (parts[2].isdigit() and parts[2] != ME) or parts[-1] == "mem"
+
+def _check_read(p):
+    path = _path(p)
+    if path is None:
+        return
+    real = os.path.realpath(path)
+    own_proc = path.startswith(("/proc/self/", "/proc/thread-self/"))
+    if _proc_denied(path) or (not own_proc and _proc_denied(real)) or _inside(path, DENY_READ) or _inside(real, DENY_READ):
+        raise PermissionError(f"sandbox: reading {path} is not allowed")
+
+def _hook(event, args):
+    if event in DENIED:
+        raise PermissionError(f"sandbox: {event} is not allowed")
+    if event == "open":
+        path, mode, flags = args
+        writing = (isinstance(flags, int) and flags & WRITE_FLAGS) or (isinstance(mode, str) and set(mode) & set("wax+"))
+        _check_write(path, "writing") if writing else _check_read(path)
+    elif event in PATH_EVENTS:
+        for i in PATH_EVENTS[event]:
+            _check_write(args[i], event)
+    elif event == "os.kill" and args[0] != os.getpid():
+        raise PermissionError("sandbox: signalling other processes is not allowed")
+    elif event == "socket.__new__" and args[1] != AF_UNIX:
+        raise PermissionError("sandbox: network sockets are not allowed")
+    elif event == "import" and args[0] in DENIED_IMPORTS:
+        raise ImportError(f"sandbox: importing {args[0]} is not allowed")
+
+if cfg["audit"]:
+    for name in ("pidfd_open",):
+        for module in (os, sys.modules.get("posix")):
+            if module is not None and hasattr(module, name):
+                delattr(module, name)
+    if hasattr(signal, "pidfd_send_signal"):
+        del signal.pidfd_send_signal
+    sys.addaudithook(_hook)
+del cfg
+code = 0
+try:
+    exec(compile(source, "<sandbox>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+except SystemExit as exit_:
+    if exit_.code is None or isinstance(exit_.code, int):
+        code = exit_.code or 0
+    else:
+        sys.stderr.write(f"{exit_.code}\n")
+        code = 1
+except BaseException:
+    traceback.print_exc()
+    code = 1
+finally:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    os._exit(code if 0 <= code < 256 else 1)
+'''
+
+
+def _identity(user: str | None) -> tuple[int, int] | None:
+    """(uid, gid) to run as: `user` when the parent is root, otherwise None (stay as we are)."""
+    if user is None or os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise ValueError(f"sandbox user {user!r} does not exist (set user=None to run as the current user)") from None
+    return entry.pw_uid, entry.pw_gid
+
+
+def _spawn_kwargs(identity: tuple[int, int] | None) -> dict:
+    if identity is None:
+        return {}
+    return {"user": identity[0], "group": identity[1], "extra_groups": []}
+
+
+@functools.lru_cache(maxsize=None)
+def _interpreter(python: str | None, identity: tuple[int, int] | None) -> str:
+    """The first interpreter the sandbox user can run (the current one unless it is out of reach)."""
+    candidates = [python] if python else [sys.executable, shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")]
+    for exe in filter(None, candidates):
+        try:
+            probe = subprocess.run([exe, "-I", "-c", "import resource, json"], capture_output=True, cwd="/",
+                                   env={"PATH": "/usr/bin:/bin"}, timeout=30, **_spawn_kwargs(identity))
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if probe.returncode == 0:
+            return exe
+    who = f"uid {identity[0]}" if identity else "the current user"
+    raise RuntimeError(f"sandbox: no Python interpreter runnable by {who} among {candidates}")
+
+
+@functools.lru_cache(maxsize=None)
+def _namespaces(python: str, identity: tuple[int, int] | None) -> tuple[str, ...]:
+    """The strongest `unshare` prefix that works here (empty when namespaces are unavailable)."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return ()
+    for flags in NAMESPACE_FLAGS:
+        cmd = [unshare, *flags, python, "-I", "-c", "import socket; socket.create_connection"]
+        try:
+            ok = subprocess.run(cmd, capture_output=True, cwd="/", env={"PATH": "/usr/bin:/bin"}, timeout=30,
+                                **_spawn_kwargs(identity)).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        if ok:
+            return (unshare, *flags)
+    return ()
+
+
+def isolation(user: str | None = "nobody", python: str | None = None) -> dict[str, object]:
+    """What the kernel layer can use on this machine (for logs and docs)."""
+    identity = _identity(user)
+    exe = _interpreter(python, identity)
+    prefix = _namespaces(exe, identity)
+    return {"python": exe, "uid": identity[0] if identity else os.geteuid(),
+            "network_namespace": "--net" in prefix, "pid_namespace": "--pid" in prefix,
+            "private_proc": "--mount-proc" in prefix}
+
+
+def _count_tasks(uid: int) -> int:
+    """Processes and threads of `uid` right now (RLIMIT_NPROC counts them all, per user)."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if int(fields.get("Uid", "-1").split()[0]) == uid:
+            total += int(fields.get("Threads", "1"))
+    return total
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _collect(proc: subprocess.Popen, deadline: float, max_output_bytes: int) -> tuple[bytes, bytes, str | None]:
+    """Read stdout/stderr until both close; kill the group at the deadline or past the output cap."""
+    buffers = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    sel = selectors.DefaultSelector()
+    for stream in (proc.stdout, proc.stderr):
+        sel.register(stream, selectors.EVENT_READ)
+    stop: str | None = None
+    exited_at: float | None = None
+    while sel.get_map():
+        now = time.monotonic()
+        if stop is None and now >= deadline:
+            stop = "timeout"
+            _kill_group(proc)
+        if exited_at is None and proc.poll() is not None:
+            exited_at = now
+            _kill_group(proc)  # children that outlive the code die now
+        if exited_at is not None and now - exited_at > 1.0:
+            break  # something we cannot kill still holds the pipes
+        for key, _ in sel.select(timeout=0.05):
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                continue
+            buf = buffers[key.fd]
+            buf += chunk[: max(0, max_output_bytes - len(buf))]
+            if len(buf) >= max_output_bytes and stop is None:
+                stop = "output"
+                _kill_group(proc)
+    sel.close()
+    return bytes(buffers[proc.stdout.fileno()]), bytes(buffers[proc.stderr.fileno()]), stop
+
+
+def _classify(returncode: int, stderr: str, stop: str | None) -> tuple[str, str, int | None]:
+    """(status, reason, the code's returncode) from the supervisor's exit status."""
+    if stop == "timeout":
+        return "timeout", "wall-clock limit", None
+    if stop == "output":
+        return "killed", "output limit", None
+    code = -(returncode - 128) if 128 < returncode < 128 + 65 else returncode
+    if code < 0:
+        sig = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        if -code == signal.SIGXCPU:
+            return "timeout", "cpu-time limit", code
+        return "killed", f"signal {sig}", code
+    if code == 0:
+        return "ok", "", 0
+    if "MemoryError" in stderr[-2000:]:
+        return "memory", "memory limit", code
+    return "error", f"exit status {code}", code
+
+
+def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 512, cpu_s: int | None = None,
+               file_size_mb: int = 16, max_processes: int = 16, max_open_files: int = 64,
+               max_output_bytes: int = 1_000_000, audit: bool = True, user: str | None = "nobody",
+               python: str | None = None, deny_read: tuple[str, ...] | None = None) -> SandboxResult:
+    """Run `code` in the sandbox and report what happened; never raises for what the code does.
+
+    `cpu_s` defaults to the wall-clock timeout rounded up; `max_processes` counts processes and
+    threads; `audit=False` leaves only the kernel layer (used by tests to show it holds alone);
+    `user` is the account the code runs as when the parent is root (None: stay root).
+    """
+    if timeout_s <= 0 or memory_mb <= 0 or file_size_mb < 0 or max_processes < 1 or max_output_bytes < 1:
+        raise ValueError("sandbox limits must be positive (timeout_s, memory_mb, max_processes, max_output_bytes)")
+    identity = _identity(user)
+    exe = _interpreter(python, identity)
+    prefix = _namespaces(exe, identity)
+    uid = identity[0] if identity else os.geteuid()
+    # in a new user namespace the kernel counts only the sandbox's own tasks (unshare, supervisor, code)
+    nproc = max_processes + 2 if "--user" in prefix else _count_tasks(uid) + max_processes + 1
+    if deny_read is None:
+        home = os.path.expanduser("~")
+        deny_read = tuple(os.path.join(home, p) for p in SECRET_PATHS)
+    root = tempfile.mkdtemp(prefix="lmrl-sandbox-")
+    read_fd, write_fd = os.pipe()
+    start = time.monotonic()
+    try:
+        if identity:
+            os.chown(root, *identity)
+        cfg = {"code_fd": read_fd, "root": root, "audit": audit, "deny_read": list(deny_read),
+               "rlimits": {"RLIMIT_CPU": int(cpu_s or -(-timeout_s // 1)), "RLIMIT_AS": memory_mb << 20,
+                           "RLIMIT_FSIZE": file_size_mb << 20, "RLIMIT_NOFILE": max_open_files,
+                           "RLIMIT_CORE": 0, "RLIMIT_NPROC": nproc}}
+        env = {"PATH": "/usr/bin:/bin", "HOME": root, "TMPDIR": root, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+        proc = subprocess.Popen([*prefix, exe, "-I", "-B", "-u", "-c", _BOOTSTRAP, json.dumps(cfg)], cwd=root,
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                pass_fds=(read_fd,), start_new_session=True, **_spawn_kwargs(identity))
+        os.close(read_fd)
+        read_fd = -1
+        try:
+            _write_all(write_fd, code)
+        except BrokenPipeError:
+            pass
+        os.close(write_fd)
+        write_fd = -1
+        out, err, stop = _collect(proc, start + timeout_s, max_output_bytes)
+        _kill_group(proc)
+        returncode = proc.wait()
+        stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        status, reason, code_rc = _classify(returncode, stderr, stop)
+        truncated = len(out) >= max_output_bytes or len(err) >= max_output_bytes
+        return SandboxResult(status, stdout, stderr, code_rc, time.monotonic() - start, reason, truncated)
+    finally:
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                os.close(fd)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _write_all(fd: int, text: str) -> None:
+    """Feed a long program through the pipe (the child reads it all before anything else)."""
+    data = memoryview(text.encode("utf-8", "surrogatepass"))
+    while data:
+        data = data[os.write(fd, data):]
