@@ -99,13 +99,14 @@ def test_network_connect_to_the_parent_machine_never_arrives():
     try:
         for audit in (True, False):
             r = run(code, audit=audit)
-            assert r.status == "error" and "connected" not in r.stdout
-            with pytest.raises(socket.timeout):
-                server.accept()
+            contained = audit or ISOLATION["network_namespace"]  # without the hook, only a network namespace holds
+            assert ("connected" in r.stdout) != contained
+            if contained:
+                assert "not allowed" in r.stderr if audit else "Network is unreachable" in r.stderr
+                with pytest.raises(socket.timeout):
+                    server.accept()
     finally:
         server.close()
-    assert ("not allowed" in run(code).stderr) and ISOLATION["network_namespace"] == (
-        "Network is unreachable" in r.stderr or "Cannot assign" in r.stderr)
 
 
 @pytest.mark.parametrize("code", [
@@ -184,10 +185,10 @@ def test_signalling_the_parent_or_its_group_is_refused(code):
 def test_kernel_alone_protects_a_process_outside():
     victim = subprocess.Popen(["sleep", "30"])
     try:
-        r = run(f"import os\nos.kill({victim.pid}, signal := 9)\nos.kill(-1, 9)", audit=False)
+        r = run(f"import os\nos.kill({victim.pid}, 9)", audit=False)
         time.sleep(0.1)
         assert (victim.poll() is None) == KERNEL_SEPARATES_PROCESSES
-        assert r.status in ("error", "killed", "ok")
+        assert r.status == ("error" if KERNEL_SEPARATES_PROCESSES else "ok")
     finally:
         victim.kill()
         victim.wait()

@@ -327,7 +327,8 @@ def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 512, cpu_s: i
 
     `cpu_s` defaults to the wall-clock timeout rounded up; `max_processes` counts processes and
     threads; `audit=False` leaves only the kernel layer (used by tests to show it holds alone);
-    `user` is the account the code runs as when the parent is root (None: stay root).
+    `user` is the account the code runs as when the parent is root (None: stay root, which the kernel
+    exempts from RLIMIT_NPROC and lets overwrite root's files: not advised).
     """
     if timeout_s <= 0 or memory_mb <= 0 or file_size_mb < 0 or max_processes < 1 or max_output_bytes < 1:
         raise ValueError("sandbox limits must be positive (timeout_s, memory_mb, max_processes, max_output_bytes)")
