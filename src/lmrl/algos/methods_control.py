@@ -96,8 +96,9 @@ def acrl_next_band(band: float, discrepancy: float, d_low: float = 1e-3, d_high:
 class AcrlController:
     """The ACRL band c between steps: `update(D)` after each batch, then pass `band` to the loss.
 
-    The training loop holds one, feeds it the batch discrepancy (the `acrl/discrepancy` metric of
-    the `acrl` loss, or `acrl_discrepancy`) and puts `band` into `Batch.extras["acrl_band"]`.
+    A training loop holds one, feeds it the batch discrepancy (the `acrl/discrepancy` metric of the
+    `acrl` loss, or `acrl_discrepancy`) and puts `band`, repeated per row, into
+    `Batch.extras["acrl_band"]`.
     """
 
     band: float = 2.0
@@ -131,7 +132,7 @@ def acrl(x: LossInputs, eps_low: float = 0.2, eps_high: float = 0.2, dual_clip: 
     low-precision rollouts (e.g. FP8) drift from the trainer; a feedback controller on the band
     (`AcrlController`) tightens it when D = mean k3 is above d_high and widens it below d_low.
 
-    The band c is `extras["acrl_band"]` (a scalar or [B] tensor set by a loop-held controller) when
+    The band c is `extras["acrl_band"]` ([B], one value per row, set by a loop-held controller) when
     present, else the fixed knob `acrl_band` (c = 2.0 from the spec's example). Without a controller
     the band stays fixed: token masking at [1/c, c]. The metric `acrl/discrepancy` reports D.
     """
@@ -200,7 +201,7 @@ class PolicyImprovementMonitor:
         self.window = [float(v) for v in state["window"]][-self.size:]
 
 
-@ADVANTAGES.register("pipo", "PIPO: verdict ξ of the window of batch-mean rewards times a base advantage (replay step)")
+@ADVANTAGES.register("pipo", "PIPO: verdict ξ of the batch-mean reward window x a base advantage (replay step)")
 def pipo(token_rewards, group_index, mask, reward_window=None, current_reward_mean=None, base: str = "grpo",
          eps: float = 1e-6, verdict_clip: float | None = None, **knobs):
     """PIPO, Policy Improvement PO (arXiv 2604.00860; spec §16). Confidence: medium-low — μ_his and ξ

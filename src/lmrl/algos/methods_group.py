@@ -225,7 +225,9 @@ def group_softmax_weights(scores: torch.Tensor, group_index: torch.Tensor, tempe
     return counts[inverse].to(z.dtype) * e / total[inverse]
 
 
-@ADVANTAGES.register("hargo", "HARGO: GRPO advantages boosted by group contrast x reference doubt, group-softmax weighted")
+@ADVANTAGES.register(
+    "hargo", "HARGO: GRPO advantage boosted by group contrast x reference doubt, group-softmax weighted"
+)
 def hargo(token_rewards, group_index, mask, ref_logp=None, lam: float = 1.0, temperature: float = 1.0,
           eps: float = 1e-6, **_):
     """HARGO, heterogeneity-aware reward-guided optimisation (spec §17). Confidence: low —
