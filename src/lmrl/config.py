@@ -91,6 +91,13 @@ class AlgoConfig(Section):
     entropy_coef: float = 0.0
     overlong_buffer: int = Field(0, ge=0)  # DAPO overlong shaping; 0 = off
     overlong_factor: float = Field(1.0, ge=0)
+    critic: bool = False  # train a value head on the policy's hidden states (critic-based estimators: gae, evpo)
+    critic_lr: float = Field(1e-3, gt=0)  # learning rate of the value head
+    critic_shares_trunk: bool = False  # true: the value loss also trains the policy's layers (shared backbone)
+    value_coef: float = Field(1.0, ge=0)  # weight of the clipped value loss
+    value_clip: float | None = Field(0.5, gt=0)  # clip of V around the prepare-time values (None: unclipped)
+    rejected_tokens: Literal["drop", "keep"] = "drop"  # rejection losses: drop rejected tokens from the loss mask
+    group_by: str | None = None  # task row field whose equal values form one advantage group (default: the prompt)
 
 
 class TrainerConfig(Section):
@@ -160,7 +167,7 @@ class Config(Section):
 
 
 GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "xgrpo", "gdpo", "rvpo", "entrocraft",
-                    "eqlen", "p_grpo", "alpo", "prpo"}
+                    "eqlen", "p_grpo", "alpo", "prpo", "resrl"}
 
 # A preset is a named bundle of dotted settings; anything set explicitly by the user wins.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -177,6 +184,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "rloo": {"algo.advantage": "rloo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
     "reinforce_pp": {"algo.advantage": "reinforce_pp", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean",
                      "algo.kl_coef": 0.001, "algo.kl_in_reward": True},
+    "ppo": {"algo.advantage": "gae", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean", "algo.critic": True},
+    "evpo": {"algo.advantage": "evpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean", "algo.critic": True},
+    "resrl": {"algo.advantage": "resrl", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
+    "gdpo": {"algo.advantage": "gdpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
+    "rvpo": {"algo.advantage": "rvpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
+    "entrocraft": {"algo.advantage": "entrocraft", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean",
+                   "algo.advantage_params": {"binary_to_signed": True}, "algo.kl_coef": 0.001},
+    "eqlen": {"algo.advantage": "eqlen", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
+    "xgrpo": {"algo.advantage": "xgrpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
+    "alpo": {"algo.advantage": "alpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
+    "prpo": {"algo.advantage": "prpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
 }
 PRESET_DESCRIPTIONS = {
     "grpo": "GRPO: group-normalised advantages, PPO clip, token-mean",
@@ -185,6 +203,16 @@ PRESET_DESCRIPTIONS = {
     "gspo": "GSPO: sequence-level ratio clipped at 3e-4/4e-4, seq-mean-token-mean",
     "rloo": "RLOO: leave-one-out baseline, PPO clip",
     "reinforce_pp": "REINFORCE++: batch-whitened return-to-go, k1 KL folded into the reward",
+    "ppo": "PPO: learned critic (value head), GAE advantages, clipped value loss, PPO clip",
+    "evpo": "EVPO: critic advantages while the critic's explained variance > 0, else a batch-mean baseline",
+    "resrl": "ResRL: negative tokens weighted by their residual off the positives' hidden-state subspace",
+    "gdpo": "GDPO: each reward component group-normalised, summed, batch z-scored",
+    "rvpo": "RVPO: SoftMin over per-component group advantages (penalises reward variance)",
+    "entrocraft": "Entrocraft: RAFT++ / NSR / GRPO chosen by batch entropy against a scheduled band",
+    "eqlen": "EqLen: GRPO advantages on equal-length segments of paired responses",
+    "xgrpo": "XGRPO: GRPO with the baseline pooled over own and peer rewards (task field peer_rewards)",
+    "alpo": "ALPO: text tokens get the text-reward advantage, speech tokens the acoustic one",
+    "prpo": "PRPO: GRPO within each permutation plus GRPO of permutation means (task fields)",
 }
 
 

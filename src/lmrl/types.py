@@ -53,6 +53,11 @@ class Batch:
     `completion_mask` marks generated tokens (shifted: position t predicts token t+1, so the masks
     and per-token tensors have width T-1). Advantages, weights and any algorithm-specific per-token
     tensors are filled in by the algorithm before the learner sees the batch.
+
+    Three kinds of per-sample inputs travel with the batch: `extras` are per-token ([B, T-1, ...],
+    trimmed with the tokens when rows are selected) or per-row ([B]); `row_extras` have any shape
+    [B, ...] and are only row-selected (reward components [B, K], peer rewards [B, P]); `context`
+    holds batch-level values (training step, total steps, batch entropy, component names).
     """
 
     input_ids: torch.Tensor  # [B, T] long
@@ -64,6 +69,8 @@ class Batch:
     advantages: torch.Tensor | None = None  # [B, T-1]
     weights: torch.Tensor | None = None  # [B, T-1] per-token weights (masks, IS corrections)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    row_extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_rows(self) -> int:
@@ -90,6 +97,8 @@ class Batch:
             advantages=take(self.advantages, width - 1),
             weights=take(self.weights, width - 1),
             extras={k: take(v, width - 1) for k, v in self.extras.items()},
+            row_extras={k: v[idx] for k, v in self.row_extras.items()},
+            context=dict(self.context),
         )
 
 

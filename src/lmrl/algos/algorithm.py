@@ -1,7 +1,9 @@
 """An Algorithm is a named bundle of registry choices, built from `AlgoConfig`.
 
 It turns a rollout batch into per-token advantages (`prepare`) and defines the objective the
-learner minimises (`objective`). The learner only sees these two methods, never the names.
+learner minimises (`objective`). The learner only sees these methods and what the algorithm
+declares it needs (`prepare_outputs`: model outputs before `prepare`; `needs`: model outputs in the
+training forward; `critic`: a value head), never the names.
 """
 from __future__ import annotations
 
@@ -9,10 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
+from lmrl.algos import loss_masks  # noqa: F401  (attaches token masks to the rejection losses)
 from lmrl.algos.advantages import ADVANTAGES, outcome_to_token_rewards
-from lmrl.algos.aggregation import AGGREGATIONS, AggScale
+from lmrl.algos.aggregation import AGGREGATIONS, AggScale, token_mean
+from lmrl.algos.inputs import gather, model_outputs_for, requirements
 from lmrl.algos.kl import KL_ESTIMATORS, k1
 from lmrl.algos.losses import LOSSES, LossInputs
+from lmrl.algos.methods_critic import clipped_value_loss, explained_variance
 from lmrl.algos.shaping import overlong_penalty
 from lmrl.config import AlgoConfig
 from lmrl.types import Batch
@@ -28,10 +33,42 @@ class Algorithm:
         self.loss_fn = LOSSES.get(self.cfg.loss)
         self.aggregate = AGGREGATIONS.get(self.cfg.aggregation)
         self.kl_fn = KL_ESTIMATORS.get(self.cfg.kl_estimator)
+        token_mask = getattr(self.loss_fn, "token_mask", None)
+        self.token_mask_fn = token_mask if self.cfg.rejected_tokens == "drop" else None
+
+    @property
+    def requires(self) -> set[str]:
+        """Per-sample inputs the estimator and the loss declare (see `algos/inputs.py`)."""
+        return requirements(self.advantage_fn) | requirements(self.loss_fn)
+
+    @property
+    def critic(self) -> bool:
+        """A value head is trained (its values feed the estimator, its loss joins the objective)."""
+        return self.cfg.critic
+
+    @property
+    def prepare_outputs(self) -> set[str]:
+        """Model outputs the learner computes, without gradient, before `prepare`."""
+        return model_outputs_for(requirements(self.advantage_fn))
+
+    @property
+    def needs(self) -> set[str]:
+        """Model outputs the learner adds to `LossInputs.extras` in the training forward."""
+        return ({"values"} if self.critic else set()) | (model_outputs_for(requirements(self.loss_fn)) - {"token_entropy"})
+
+    @property
+    def hidden_layer(self) -> int:
+        """Which hidden states "hidden" means (index into the decoder's hidden states; -1: the last)."""
+        return getattr(self.advantage_fn, "hidden_layer", -1)
+
+    @property
+    def needs_old_logp(self) -> bool:
+        """Old log-probs must exist before the update (the loss mask depends on them)."""
+        return self.token_mask_fn is not None
 
     @property
     def needs_reference(self) -> bool:
-        return self.cfg.kl_coef > 0
+        return self.cfg.kl_coef > 0 or "ref_logp" in self.requires
 
     @property
     def needs_entropy_grad(self) -> bool:
@@ -47,12 +84,27 @@ class Algorithm:
         """
         rows = batch.completion_mask.shape[0]
         if (not getattr(self.loss_fn, "zero_at_zero_advantage", False) or self.cfg.entropy_coef != 0
-                or (self.cfg.kl_coef > 0 and not self.cfg.kl_in_reward) or batch.advantages is None):
+                or (self.cfg.kl_coef > 0 and not self.cfg.kl_in_reward) or batch.advantages is None or self.critic):
             return torch.zeros(rows, dtype=torch.bool)
         return ((batch.advantages != 0) & (batch.completion_mask > 0)).sum(1) == 0
 
     def scale(self, mask: torch.Tensor) -> AggScale:
         return AggScale.of(mask, self.cfg.horizon or self.max_new_tokens)
+
+    def _keep(self, old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        knobs = {"eps_low": self.cfg.eps_low, "eps_high": self.cfg.eps_high, **self.cfg.loss_params}
+        return self.token_mask_fn(old_logp, rollout_logp, mask, **knobs).to(mask.dtype)
+
+    def aggregation_mask(self, batch: Batch) -> torch.Tensor:
+        """[B,T] mask the objective aggregates over: the completion mask, less tokens the loss rejects.
+
+        Needs `extras["old_logp"]` when the loss rejects tokens (`needs_old_logp`). The learner builds
+        each mini-batch's denominators (`scale`) from it before any micro-batch runs.
+        """
+        mask = batch.completion_mask
+        if self.token_mask_fn is None:
+            return mask
+        return mask * self._keep(batch.extras["old_logp"], batch.extras["rollout_logp"], mask)
 
     def prepare(self, batch: Batch) -> dict[str, float]:
         """Shape rewards and fill `batch.advantages` (uses `batch.extras['ref_logp']` if present)."""
@@ -70,22 +122,53 @@ class Algorithm:
             kl = k1(batch.behaviour_logprobs, batch.extras["ref_logp"]) * mask
             token_rewards = token_rewards - self.cfg.kl_coef * kl
             metrics["kl_in_reward"] = float(kl.sum() / mask.sum().clamp(min=1))
-        batch.advantages = self.advantage_fn(token_rewards, batch.group_index, mask, **self.cfg.advantage_params)
+        knobs = self.cfg.advantage_params
+        inputs = gather(requirements(self.advantage_fn), batch, knobs)
+        batch.advantages = self.advantage_fn(token_rewards, batch.group_index, mask, **inputs, **knobs)
+        if self.critic:
+            metrics.update(self._critic_targets(batch, token_rewards))
+        for name in self.prepare_outputs - {"values"}:
+            batch.extras.pop(name, None)  # consumed; keeps micro-batches light
         valid = batch.advantages[mask > 0]
         metrics["advantage/mean"] = float(valid.mean()) if valid.numel() else 0.0
         metrics["advantage/abs_mean"] = float(valid.abs().mean()) if valid.numel() else 0.0
         return metrics
 
+    def _critic_targets(self, batch: Batch, token_rewards: torch.Tensor) -> dict[str, float]:
+        """Value targets of a critic-based estimator; the prepare-time values become `old_values`."""
+        values = batch.extras.pop("values")
+        mask = batch.completion_mask
+        returns = self.advantage_fn.value_targets(token_rewards, values, mask, **self.cfg.advantage_params)
+        batch.extras.update(old_values=values, returns=returns)
+        valid = mask > 0
+        return {"critic/explained_variance": explained_variance(returns, values, mask),
+                "critic/values_mean": float(values[valid].mean()) if valid.any() else 0.0,
+                "critic/returns_mean": float(returns[valid].mean()) if valid.any() else 0.0}
+
     def objective(self, inputs: LossInputs, scale: AggScale) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scalar loss of one micro-batch, normalised by batch-level denominators."""
+        """Scalar loss of one micro-batch, normalised by batch-level denominators.
+
+        Aggregates over `inputs.mask` less the tokens the loss rejects (see `aggregation_mask`); the
+        denominators in `scale` were computed from the same mask over the whole mini-batch.
+        """
         token_loss, metrics = self.loss_fn(inputs, eps_low=self.cfg.eps_low, eps_high=self.cfg.eps_high,
                                            dual_clip=self.cfg.dual_clip, **self.cfg.loss_params)
         metrics = dict(metrics)
-        metrics["pg_loss"] = float(self.aggregate(token_loss.detach(), inputs.mask, AggScale.of(inputs.mask)))
+        mask = inputs.mask
+        if self.token_mask_fn is not None:
+            mask = mask * self._keep(inputs.old_logp, inputs.extras["rollout_logp"], mask)
+        metrics["pg_loss"] = float(self.aggregate(token_loss.detach(), mask, AggScale.of(mask)))
         if self.cfg.kl_coef > 0 and not self.cfg.kl_in_reward:
             kl = self.kl_fn(inputs.logp, inputs.ref_logp)
             token_loss = token_loss + self.cfg.kl_coef * kl
-            metrics["kl"] = float((kl.detach() * inputs.mask).sum() / inputs.mask.sum().clamp(min=1))
+            metrics["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
         if self.cfg.entropy_coef != 0:
             token_loss = token_loss - self.cfg.entropy_coef * inputs.entropy
-        return self.aggregate(token_loss, inputs.mask, scale), metrics
+        total = self.aggregate(token_loss, mask, scale)
+        if self.critic:
+            x = inputs.extras
+            value_loss, clipped = clipped_value_loss(x["values"], x["old_values"], x["returns"], self.cfg.value_clip)
+            total = total + self.cfg.value_coef * token_mean(value_loss, mask, scale)
+            metrics["critic/value_loss"] = float((value_loss.detach() * mask).sum() / mask.sum().clamp(min=1))
+            metrics["critic/clip_frac"] = float((clipped * mask).sum() / mask.sum().clamp(min=1))
+        return total, metrics

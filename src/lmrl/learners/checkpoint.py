@@ -1,7 +1,8 @@
 """Atomic checkpoints: a directory written under a temporary name, then renamed into place.
 
-Holds transformers-loadable safetensors weights, the optimiser and scheduler, and a JSON/pickle
-state (step, sampler, RNG) so that `--resume` reproduces an uninterrupted run exactly.
+Holds transformers-loadable safetensors weights, the optimiser and scheduler, the learner's own
+modules besides the policy (e.g. a value head, in `modules.safetensors`), and a JSON/pickle state
+(step, sampler, RNG) so that `--resume` reproduces an uninterrupted run exactly.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 COMPLETE = "COMPLETE"
 
@@ -36,9 +37,16 @@ def restore_rng(state: dict[str, Any], generators: dict[str, torch.Generator]) -
         g.set_state(state["generators"][k])
 
 
+def _module_tensors(modules: dict[str, torch.nn.Module]) -> dict[str, torch.Tensor]:
+    return {f"{name}.{k}": v.detach().cpu().contiguous() for name, m in modules.items() for k, v in m.state_dict().items()}
+
+
 def save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, scheduler, state: dict[str, Any],
-                    keep: int = 2) -> Path:
-    """Write `root/step-{step}` atomically and prune to the newest `keep` complete checkpoints."""
+                    keep: int = 2, modules: dict[str, torch.nn.Module] | None = None) -> Path:
+    """Write `root/step-{step}` atomically and prune to the newest `keep` complete checkpoints.
+
+    `modules`: further trainable modules by name (the learner's value head), saved beside the model.
+    """
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
@@ -47,6 +55,8 @@ def save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, schedule
     tmp.mkdir()
     model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
+    if modules:
+        save_file(_module_tensors(modules), str(tmp / "modules.safetensors"))
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
     torch.save(state, tmp / "state.pt")
     (tmp / "meta.json").write_text(json.dumps({"step": step}))
@@ -72,8 +82,19 @@ def latest_checkpoint(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
-    """Restore weights, optimiser and scheduler in place; return the saved state dict."""
+def _load_modules(path: Path, modules: dict[str, torch.nn.Module]) -> None:
+    file = path / "modules.safetensors"
+    if not file.exists():
+        raise RuntimeError(f"checkpoint {path} has no {', '.join(modules)} (it was saved by a run without them)")
+    tensors = load_file(str(file))
+    for name, module in modules.items():
+        prefix = f"{name}."
+        module.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+
+
+def load_checkpoint(path: Path, model, optimizer, scheduler,
+                    modules: dict[str, torch.nn.Module] | None = None) -> dict[str, Any]:
+    """Restore weights (and `modules`), optimiser and scheduler in place; return the saved state dict."""
     weights: dict[str, torch.Tensor] = {}
     for f in sorted((path / "model").glob("*.safetensors")):
         weights.update(load_file(str(f)))
@@ -81,6 +102,8 @@ def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
     tied = {k for k in missing if "lm_head" in k and getattr(model.config, "tie_word_embeddings", False)}
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"checkpoint {path} does not match the model (missing {missing}, unexpected {unexpected})")
+    if modules:
+        _load_modules(path, modules)
     optim = torch.load(path / "optim.pt", weights_only=False)
     optimizer.load_state_dict(optim["optimizer"])
     scheduler.load_state_dict(optim["scheduler"])

@@ -1,7 +1,10 @@
 """The single-process learner: log-probs, micro-batching under a token budget, accumulation, updates.
 
 It is blind to the algorithm: it asks it to prepare advantages and to score micro-batches
-(`Algorithm.objective`), and only handles tensors, precision, memory and the optimiser.
+(`Algorithm.objective`), and only handles tensors, precision, memory and the optimiser. Beyond
+log-probs, the packed forward can give the model outputs an algorithm declares (`MODEL_OUTPUTS`:
+value-head values, hidden states, exact token entropies) at the generated positions; the value
+head is a `Linear(hidden, 1)` the learner owns when asked for a critic.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import math
 
 import torch
 
+from lmrl.algos.inputs import MODEL_OUTPUTS
 from lmrl.algos.losses import LossInputs
 from lmrl.config import TrainerConfig
 from lmrl.learners.packing import budget_units, fill_budget, pack, prompt_units
@@ -30,17 +34,30 @@ def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, with_entropy:
 
 
 class Learner:
-    """Policy (and frozen reference, when the algorithm needs one) with AdamW, in one process."""
+    """Policy (and frozen reference, when the algorithm needs one; and a value head, when it trains a
+    critic) with AdamW, in one process.
+
+    `critic_lr` is the value head's learning rate; with `critic_shares_trunk` the value loss also
+    reaches the policy's layers, otherwise the head reads detached hidden states.
+    """
 
     def __init__(self, model, cfg: TrainerConfig, temperature: float = 1.0, needs_reference: bool = False,
-                 bf16: bool = False):
+                 bf16: bool = False, critic: bool = False, critic_lr: float = 1e-3, critic_shares_trunk: bool = False):
         self.model = model
         self.bf16 = bf16
         self.cfg = cfg
         self.temperature = temperature
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if needs_reference else None
+        self.value_head = None
+        self.critic_shares_trunk = critic_shares_trunk
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        groups = [{"params": params}]
+        if critic:
+            self.value_head = torch.nn.Linear(model.config.hidden_size, 1).to(self.device)
+            torch.nn.init.zeros_(self.value_head.weight)
+            torch.nn.init.zeros_(self.value_head.bias)
+            groups.append({"params": list(self.value_head.parameters()), "lr": critic_lr, "weight_decay": 0.0})
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
@@ -62,27 +79,70 @@ class Learner:
             return [[r for unit in units for r in unit] for units in budget_units(batch, self.cfg.micro_batch_tokens)]
         return fill_budget(batch.attention_mask.sum(1).tolist(), self.cfg.micro_batch_tokens)
 
-    def forward_logprobs(self, model, batch: Batch, with_entropy: bool):
-        """Per-token log-probs [b, T-1] of the batch's own tokens (and entropies), temperature-scaled.
+    def modules(self) -> dict[str, torch.nn.Module]:
+        """Trainable modules besides the policy (saved and restored with checkpoints)."""
+        return {"value_head": self.value_head} if self.value_head is not None else {}
 
-        Rows are packed (`packing.py`): with `share_prompt`, a prompt's samples share one prompt
-        pass; only positions that predict a generated token reach the LM head.
+    def forward_logprobs(self, model, batch: Batch, with_entropy: bool, outputs: frozenset[str] | set[str] = frozenset(),
+                         hidden_layer: int = -1) -> dict[str, torch.Tensor]:
+        """Per-token log-probs [b, T-1] of the batch's own tokens, temperature-scaled, and the asked outputs.
+
+        Returns {"logp", "entropy" (None unless `with_entropy`), and each of `outputs`}: "values"
+        [b, T-1] from the value head, "hidden" [b, T-1, H] (detached; `hidden_layer` indexes the
+        decoder's hidden states), "token_entropy" [b, T-1] (detached). Position t is the one that
+        predicts token t+1, as for the log-probs. Rows are packed (`packing.py`): with
+        `share_prompt`, a prompt's samples share one prompt pass; only positions that predict a
+        generated token reach the LM head and the value head.
         """
+        unknown = set(outputs) - MODEL_OUTPUTS
+        if unknown:
+            raise ValueError(f"unknown model outputs {sorted(unknown)}; the learner computes {sorted(MODEL_OUTPUTS)}")
+        with_entropy = with_entropy or "token_entropy" in outputs
+        layer_states = "hidden" in outputs and hidden_layer != -1
         units = prompt_units(batch) if self.cfg.share_prompt else [[r] for r in range(batch.num_rows)]
         packed = pack(batch, units, pad_id=0)
         with self._autocast():
-            hidden = model.get_decoder()(
+            out = model.get_decoder()(
                 input_ids=packed.input_ids.to(self.device), attention_mask=packed.attention_mask.to(self.device),
-                position_ids=packed.position_ids.to(self.device)).last_hidden_state
-            logits = model.get_output_embeddings()(hidden[packed.src_row, packed.src_pos])
+                position_ids=packed.position_ids.to(self.device), output_hidden_states=layer_states)
+            where = (packed.src_row.to(self.device), packed.src_pos.to(self.device))
+            selected = out.last_hidden_state[where]
+            logits = model.get_output_embeddings()(selected)
         if self.temperature != 1.0:
             logits = logits / self.temperature
         logp_flat, entropy_flat = selected_logprobs(logits, packed.targets.to(self.device), with_entropy)
         index = (packed.dst_row.to(self.device), packed.dst_t.to(self.device))
         shape = batch.completion_mask.shape
-        logp = torch.zeros(shape, device=self.device).index_put(index, logp_flat)
-        entropy = None if entropy_flat is None else torch.zeros(shape, device=self.device).index_put(index, entropy_flat)
-        return logp, entropy
+
+        def scatter(flat: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(shape + flat.shape[1:], device=self.device, dtype=flat.dtype).index_put(index, flat)
+
+        result = {"logp": scatter(logp_flat), "entropy": None if entropy_flat is None else scatter(entropy_flat)}
+        if "values" in outputs:
+            if self.value_head is None:
+                raise ValueError("values were asked for but this learner has no value head (critic=False)")
+            features = selected if self.critic_shares_trunk else selected.detach()
+            result["values"] = scatter(self.value_head(features.float()).squeeze(-1))
+        if "hidden" in outputs:
+            states = out.hidden_states[hidden_layer][where] if layer_states else selected
+            result["hidden"] = scatter(states.detach().float())
+        if "token_entropy" in outputs:
+            result["token_entropy"] = result["entropy"].detach()
+        return result
+
+    @torch.no_grad()
+    def model_outputs(self, batch: Batch, outputs: set[str], hidden_layer: int = -1) -> dict[str, torch.Tensor]:
+        """No-grad model outputs (see `forward_logprobs`) of every row, micro-batched, on the CPU."""
+        full: dict[str, torch.Tensor] = {}
+        for micro_rows in self.micro_batches(batch):
+            got = self.forward_logprobs(self.model, batch.select(micro_rows), with_entropy=False,
+                                        outputs=outputs, hidden_layer=hidden_layer)
+            for name in outputs:
+                value = got[name].cpu()
+                if name not in full:
+                    full[name] = torch.zeros(batch.completion_mask.shape + value.shape[2:], dtype=value.dtype)
+                full[name][micro_rows, : value.shape[1]] = value
+        return full
 
     @torch.no_grad()
     def logprobs(self, batch: Batch, reference: bool = False, rows: list[int] | None = None) -> torch.Tensor:
@@ -92,7 +152,7 @@ class Learner:
         sub = batch if rows is None else batch.select(rows)
         targets = list(range(batch.num_rows)) if rows is None else rows
         for micro_rows in self.micro_batches(sub) if sub.num_rows else []:
-            logp, _ = self.forward_logprobs(model, sub.select(micro_rows), with_entropy=False)
+            logp = self.forward_logprobs(model, sub.select(micro_rows), with_entropy=False)["logp"]
             out[[targets[r] for r in micro_rows], : logp.shape[1]] = logp.cpu()
         return out
 
@@ -102,21 +162,25 @@ class Learner:
         Rows the algorithm declares inert (zero loss and gradient, e.g. a group whose rewards are
         all equal) get no forward or backward pass; the loss denominators still count them, so the
         gradient is the one of the whole batch. Every mini-batch still takes its optimiser step.
+        Denominators come from `algorithm.aggregation_mask` (the completion mask less the tokens the
+        loss rejects), computed per mini-batch before its micro-batches run.
         """
         self.model.train()
         inert = algorithm.inert_rows(batch).tolist()
         live = [r for r in range(batch.num_rows) if not inert[r]]
         steps_per_batch = self.cfg.epochs * self.cfg.mini_batches
-        if steps_per_batch > 1:
+        if algorithm.needs_old_logp:  # the loss mask depends on them, on every row of the denominators
+            batch.extras["old_logp"] = self.logprobs(batch)
+        elif steps_per_batch > 1:
             batch.extras["old_logp"] = self.logprobs(batch, rows=live)
         totals: dict[str, float] = {}
         weight_sum = 0.0
         skipped = 0
-        grad_norms = []
+        grad_norms, critic_norms = [], []
         for _ in range(self.cfg.epochs):
             order = torch.randperm(batch.num_rows, generator=self.shuffle).tolist()
             for chunk in _split(order, self.cfg.mini_batches):
-                scale = algorithm.scale(batch.select(chunk).completion_mask)
+                scale = algorithm.scale(algorithm.aggregation_mask(batch.select(chunk)))
                 mini = batch.select([r for r in chunk if not inert[r]])
                 self._zero_grads()
                 finite = True
@@ -131,24 +195,30 @@ class Learner:
                     weight_sum += w
                     for k, v in metrics.items():
                         totals[k] = totals.get(k, 0.0) + v * w
-                norm = self._clip_and_norm() if finite else float("nan")
-                if not finite or not math.isfinite(norm):
+                norm = self._clip_and_norm(self.model.parameters()) if finite else float("nan")
+                critic_norm = self._clip_and_norm(self.value_head.parameters()) if finite and self.value_head else 0.0
+                if not finite or not math.isfinite(norm) or not math.isfinite(critic_norm):
                     skipped += 1
                     self.optimizer.zero_grad(set_to_none=True)
                     continue
                 grad_norms.append(norm)
+                critic_norms.append(critic_norm)
                 self.optimizer_steps += 1  # counted first: weights may change from here on
                 self.optimizer.step()
         self.scheduler.step()
         out = {k: v / max(weight_sum, 1.0) for k, v in totals.items()}
         out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        if self.value_head is not None:
+            out["critic/grad_norm"] = sum(critic_norms) / len(critic_norms) if critic_norms else float("nan")
         out["skipped_updates"] = float(skipped)
         out["inert_rows"] = float(sum(inert)) / max(batch.num_rows, 1)
         out["lr"] = self.scheduler.get_last_lr()[0]
         return out
 
     def _micro_step(self, micro: Batch, algorithm, scale):
-        logp, entropy = self.forward_logprobs(self.model, micro, with_entropy=algorithm.needs_entropy_grad)
+        outputs = self.forward_logprobs(self.model, micro, with_entropy=algorithm.needs_entropy_grad,
+                                        outputs=algorithm.needs, hidden_layer=algorithm.hidden_layer)
+        logp, entropy = outputs.pop("logp"), outputs.pop("entropy")
         mask = micro.completion_mask.to(logp.device)
         old = micro.extras.get("old_logp")
         ref = micro.extras.get("ref_logp")
@@ -159,7 +229,7 @@ class Learner:
             mask=mask,
             ref_logp=ref.to(logp.device) if ref is not None else None,
             entropy=entropy,
-            extras={k: v.to(logp.device) for k, v in micro.extras.items()},
+            extras={**{k: v.to(logp.device) for k, v in micro.extras.items()}, **outputs},
         )
         loss, metrics = algorithm.objective(inputs, scale)
         if entropy is None:
@@ -171,14 +241,20 @@ class Learner:
                                        / mask.sum().clamp(min=1))
         return loss, metrics
 
+    def _trainable(self):
+        yield from self.model.parameters()
+        if self.value_head is not None:
+            yield from self.value_head.parameters()
+
     def _zero_grads(self) -> None:
         """Zeroed (not freed) gradients: a mini-batch of only inert rows still steps AdamW exactly."""
-        for p in self.model.parameters():
+        for p in self._trainable():
             if p.requires_grad:
                 p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
 
-    def _clip_and_norm(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
+    def _clip_and_norm(self, parameters) -> float:
+        """Clip (policy and value head separately, as verl's actor and critic) and return the norm."""
+        params = [p for p in parameters if p.grad is not None]
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 

@@ -12,7 +12,7 @@ from lmrl.data import GROUP_FILTERS, SAMPLERS
 from lmrl.engines import ENGINES, SamplingParams
 from lmrl.envs import TaskError, encode_rows, load_task
 from lmrl.learners import Learner
-from lmrl.loops.build import check_names
+from lmrl.loops.build import check_names, check_row_fields
 from lmrl.models import load_model, load_tokenizer, resolve_model_path
 from lmrl.models.precision import resolve_bf16
 from lmrl.rewards import RewardScorer
@@ -65,6 +65,7 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
         path = resolve_model_path(cfg.model.path)
         tokenizer = load_tokenizer(path)
     train, held, notes = prepare_data(cfg, tokenizer)
+    check_row_fields(cfg, train)
     torch.manual_seed(cfg.trainer.seed)
     if model is None:
         model = load_model(resolve_model_path(cfg.model.path))
@@ -73,7 +74,8 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
     engine = ENGINES.get(cfg.rollout.engine)(model, eos_ids(tokenizer, model), pad, bf16=bf16)
     algorithm = Algorithm(cfg.algo, cfg.rollout.max_new_tokens)
     learner = Learner(model, cfg.trainer, cfg.rollout.temperature, needs_reference=algorithm.needs_reference,
-                      bf16=bf16)
+                      bf16=bf16, critic=algorithm.critic, critic_lr=cfg.algo.critic_lr,
+                      critic_shares_trunk=cfg.algo.critic_shares_trunk)
     r = cfg.rollout
     return Stages(
         cfg=cfg, tokenizer=tokenizer, model=model, engine=engine, algorithm=algorithm, learner=learner,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from lmrl.algos.inputs import ROW_FIELD_INPUTS, canonical
 from lmrl.config import Config
 from lmrl.envs import rollout
 from lmrl.eval.evaluator import evaluate
@@ -69,21 +70,52 @@ def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, f
     return out
 
 
-def to_batch(groups: list[Group], pad_id: int, accuracy_component: str | None = None):
-    """Collate the scored samples; per-sample correctness and its group mean go into `extras`."""
-    samples, index, acc, group_acc = [], [], [], []
+def row_field_tensor(values: list, name: str) -> torch.Tensor:
+    """A task row field as a tensor: numbers give [B], lists give [B, P] padded with NaN (absent entries)."""
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return torch.tensor(values, dtype=torch.float if any(isinstance(v, float) for v in values) else torch.long)
+    if all(isinstance(v, (list, tuple)) for v in values):
+        out = torch.full((len(values), max((len(v) for v in values), default=0)), float("nan"))
+        for i, v in enumerate(values):
+            out[i, : len(v)] = torch.tensor([float("nan") if e is None else float(e) for e in v])
+        return out
+    raise ValueError(f"task field {name!r} must be a number or a list of numbers in every row")
+
+
+def to_batch(groups: list[Group], pad_id: int, accuracy_component: str | None = None,
+             component_names: list[str] | None = None, row_fields: set[str] | frozenset = frozenset(),
+             group_by: str | None = None):
+    """Collate the scored samples with their per-sample inputs.
+
+    `extras`: per-sample correctness and its group mean. `row_extras`: the reward components
+    [B, K] in the order of `component_names` (NaN where a component gave none) and each task row
+    field of `row_fields`. `group_by`: rows whose task rows share this field's value form one group
+    (default: each prompt is a group).
+    """
+    samples, index, acc, group_acc, rows = [], [], [], [], []
+    keys: dict = {}
     for gi, g in enumerate(groups):
         scored = [x for x in g.samples if x.excluded is None]
         correct = [float(x.rewards.get(accuracy_component, 0.0) >= 1.0) for x in scored]
+        key = gi if group_by is None else repr(g.row[group_by])
+        group = keys.setdefault(key, len(keys))
         for x, c in zip(scored, correct):
             samples.append(x)
-            index.append(gi)
+            index.append(group)
             acc.append(c)
             group_acc.append(sum(correct) / len(correct))
+            rows.append(g.row)
     if not samples:
         return None
     batch = collate(samples, index, pad_id)
     batch.extras.update(acc=torch.tensor(acc), group_acc=torch.tensor(group_acc))
+    if component_names:
+        batch.row_extras["reward_components"] = torch.tensor(
+            [[float("nan") if x.rewards.get(n) is None else float(x.rewards[n]) for n in component_names]
+             for x in samples])
+        batch.context["reward_component_names"] = list(component_names)
+    for name in sorted(row_fields):
+        batch.row_extras[name] = row_field_tensor([r[name] for r in rows], name)
     return batch
 
 
@@ -97,7 +129,7 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
     start = 0
     result = RunResult(run.path, cfg.trainer.steps)
     if resume and (ckpt := latest_checkpoint(run.checkpoints)) is not None:
-        state = load_checkpoint(ckpt, s.model, s.learner.optimizer, s.learner.scheduler)
+        state = load_checkpoint(ckpt, s.model, s.learner.optimizer, s.learner.scheduler, modules=s.learner.modules())
         s.sampler.load_state_dict(state["sampler"])
         restore_rng(state["rng"], gens)
         start = state["step"]
@@ -114,7 +146,13 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
 
     def checkpoint(step: int, boundary: dict) -> None:
         save_checkpoint(run.checkpoints, step, s.model, s.tokenizer, s.learner.optimizer, s.learner.scheduler,
-                        {"step": step, "eval_before": result.eval_before, **boundary}, keep=cfg.run.keep_checkpoints)
+                        {"step": step, "eval_before": result.eval_before, **boundary}, keep=cfg.run.keep_checkpoints,
+                        modules=s.learner.modules())
+
+    component_names = [c.name for c in cfg.reward.components]
+    row_fields = s.algorithm.requires & ROW_FIELD_INPUTS
+    if start == 0 and "reward_components" in canonical(s.algorithm.requires):
+        run.log(0, {"inputs/reward_components": ",".join(component_names)})  # column order of [B, K]
 
     if start == 0 and cfg.eval.at_start and s.eval_rows:
         result.eval_before = evaluate_now(0)
@@ -129,11 +167,16 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
                 t_rollout = time.perf_counter() - t0
                 metrics.update(rollout_metrics(seen, cfg.reward.accuracy_component))
                 generated = sum(x.num_generated for g in seen for x in g.samples)
-                batch = to_batch(kept, pad_id, cfg.reward.accuracy_component)
+                batch = to_batch(kept, pad_id, cfg.reward.accuracy_component, component_names, row_fields,
+                                 cfg.algo.group_by)
                 t1 = time.perf_counter()
                 if batch is not None:
+                    batch.context.update(step=step, total_steps=cfg.trainer.steps)
                     if s.algorithm.needs_reference:
                         batch.extras["ref_logp"] = s.learner.logprobs(batch, reference=True)
+                    if s.algorithm.prepare_outputs:
+                        batch.extras.update(s.learner.model_outputs(batch, s.algorithm.prepare_outputs,
+                                                                    s.algorithm.hidden_layer))
                     metrics.update(s.algorithm.prepare(batch))
                     metrics.update(s.learner.update(batch, s.algorithm))
                     s.engine.update_weights(None, step)

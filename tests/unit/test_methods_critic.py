@@ -1,0 +1,176 @@
+"""GAE and the clipped value loss (verl), EVPO (spec §8) and ResRL (spec §5), with hand-computed values."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lmrl.algos import ADVANTAGES, Algorithm
+from lmrl.algos.advantages import masked_whiten
+from lmrl.algos.losses import LossInputs
+from lmrl.algos.methods_critic import (
+    clipped_value_loss, distance_weights, explained_variance, gae_advantages_returns, length_penalty_factor,
+    projection_distances, svd_token_weights,
+)
+from lmrl.config import AlgoConfig, ConfigError, build_config
+from lmrl.loops.build import check_names
+from lmrl.types import Batch
+
+
+def t(x):
+    return torch.tensor(x, dtype=torch.float)
+
+
+# --- GAE ----------------------------------------------------------------------------------------
+
+
+def test_gae_hand_values_gamma_one_and_lambda_half():
+    rewards, values, mask = t([[0, 0, 1]]), t([[0.5, 0.6, 0.7]]), torch.ones(1, 3)
+    adv, ret = gae_advantages_returns(rewards, values, mask, gamma=1.0, lam=1.0)
+    assert adv[0].tolist() == pytest.approx([0.5, 0.4, 0.3])
+    assert ret[0].tolist() == pytest.approx([1.0, 1.0, 1.0])  # λ = 1: the Monte-Carlo return
+    adv, ret = gae_advantages_returns(rewards, values, mask, gamma=1.0, lam=0.5)
+    assert adv[0].tolist() == pytest.approx([0.225, 0.25, 0.3])
+    assert ret[0].tolist() == pytest.approx([0.725, 0.85, 1.0])
+
+
+def test_gae_skips_masked_positions_and_discounts():
+    # the middle position is not generated: its value is ignored and it does not break the chain
+    rewards, values, mask = t([[0, 0, 1]]), t([[0.5, 9.0, 0.7]]), t([[1, 0, 1]])
+    adv, _ = gae_advantages_returns(rewards, values, mask, gamma=0.9, lam=1.0)
+    assert adv[0].tolist() == pytest.approx([0.9 * 1 - 0.5, 0.0, 0.3])
+
+
+def test_gae_estimator_whitens_over_valid_tokens():
+    rewards, values, mask = t([[0, 1], [0, 0]]), t([[0.2, 0.5], [0.1, 0.3]]), t([[1, 1], [1, 0]])
+    raw, _ = gae_advantages_returns(rewards, values, mask)
+    out = ADVANTAGES.get("gae")(rewards, torch.tensor([0, 0]), mask, values=values)
+    assert torch.allclose(out, masked_whiten(raw, mask))
+    assert ADVANTAGES.get("gae").requires == {"values"} and ADVANTAGES.get("gae").critic
+    with pytest.raises(ValueError, match="values"):
+        ADVANTAGES.get("gae")(rewards, torch.tensor([0, 0]), mask)
+
+
+def test_clipped_value_loss_takes_the_larger_of_clipped_and_unclipped():
+    loss, clipped = clipped_value_loss(t([1.0, 0.2]), t([0.0, 0.0]), t([1.0, 1.0]), value_clip=0.5)
+    # V=1 moved 1.0 from V_old=0: clip gives 0.5 → ½(0.5−1)² = 0.125 > ½(1−1)² = 0
+    assert loss.tolist() == pytest.approx([0.125, 0.32])
+    assert clipped.tolist() == [1.0, 0.0]
+    loss, _ = clipped_value_loss(t([1.0]), t([0.0]), t([0.0]), value_clip=None)
+    assert loss.tolist() == pytest.approx([0.5])
+
+
+# --- EVPO (spec §8) -----------------------------------------------------------------------------
+
+
+def test_evpo_spec_critic_branch():
+    returns, mask = t([[1], [0], [1], [0]]), torch.ones(4, 1)
+    values = t([[0.9], [0.1], [0.6], [0.4]])
+    assert explained_variance(returns, values, mask) == pytest.approx(0.66, abs=1e-6)
+    out = ADVANTAGES.get("evpo")(returns, torch.zeros(4), mask, values=values)
+    assert torch.allclose(out, masked_whiten(returns - values, mask))  # GAE with γ=λ=1 on one token
+    assert out[:, 0].tolist() == pytest.approx([0.2970, -0.2970, 1.1882, -1.1882], abs=1e-4)
+
+
+def test_evpo_spec_baseline_branch():
+    returns, mask = t([[1], [0], [1], [0]]), torch.ones(4, 1)
+    values = t([[0], [1], [0], [1]])
+    assert explained_variance(returns, values, mask) == pytest.approx(-3.0)
+    out = ADVANTAGES.get("evpo")(returns, torch.zeros(4), mask, values=values)
+    assert out[:, 0].tolist() == pytest.approx([0.5, -0.5, 0.5, -0.5])
+
+
+def test_evpo_without_reward_variance_takes_the_baseline_branch():
+    returns, mask = t([[1], [1]]), torch.ones(2, 1)
+    assert math.isnan(explained_variance(returns, t([[0.2], [0.9]]), mask))
+    out = ADVANTAGES.get("evpo")(returns, torch.zeros(2), mask, values=t([[0.2], [0.9]]))
+    assert out.abs().sum() == 0
+
+
+# --- ResRL (spec §5) ----------------------------------------------------------------------------
+
+
+def test_resrl_spec_distance_weights_and_flat_case():
+    w = distance_weights(t([0, 0.1, 0.2, 0.3, 0.4]))
+    assert w.tolist() == pytest.approx([0.1, 0.175, 0.55, 0.925, 1.0])
+    assert distance_weights(t([0.3, 0.3, 0.3])).tolist() == pytest.approx([0.55] * 3)
+
+
+def test_resrl_spec_length_penalty():
+    f = length_penalty_factor(t([3798, 3500, 100, 4096, 9000]))
+    assert f.tolist() == pytest.approx([0.85, 1.0, 1.0, 0.7, 0.7])
+
+
+def test_resrl_spec_negative_token_in_the_positive_span_gets_distance_zero():
+    g = torch.Generator().manual_seed(0)
+    positives = torch.randn(6, 16, generator=g)
+    negatives = torch.stack([positives[2], torch.randn(16, generator=g)])
+    d = projection_distances(positives, negatives)
+    assert d[0] == pytest.approx(0.0, abs=1e-5)
+    assert d[1] > 0.05
+    assert projection_distances(positives[:3], negatives) is None  # under 4 positive tokens
+
+
+def test_resrl_estimator_scales_positives_and_weights_negatives_in_mixed_groups_only():
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(8, 5, 12, generator=g)
+    mask = torch.ones(8, 5)
+    group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    rewards = torch.zeros(8, 5)
+    rewards[:, -1] = t([1, 1, 0, 0, 1, 1, 1, 0.5])  # group 1 has only positive scores
+    grpo = ADVANTAGES.get("grpo")(rewards, group, mask)
+    out = ADVANTAGES.get("resrl")(rewards, group, mask, hidden=hidden)
+    assert torch.allclose(out[:2], 0.1 * grpo[:2])
+    ratio = out[2:4] / grpo[2:4]
+    assert ((ratio >= 0.1 - 1e-6) & (ratio <= 1 + 1e-6)).all() and ratio.min() == pytest.approx(0.1)
+    assert torch.allclose(out[4:], grpo[4:])
+    weights = svd_token_weights(hidden, mask, rewards.sum(1) > 0, group)
+    assert torch.allclose(out[2:4], grpo[2:4] * weights[2:4])
+    assert ADVANTAGES.get("resrl").hidden_layer == -2
+
+
+# --- the critic inside the Algorithm, and the config checks ------------------------------------
+
+
+def _one_group_batch():
+    mask = t([[0, 1, 1], [0, 1, 1]])
+    return Batch(torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long), mask, torch.zeros(2, 3),
+                 t([1, 0]), torch.tensor([0, 0]))
+
+
+def test_algorithm_with_a_critic_sets_value_targets_and_adds_the_value_loss():
+    algo = Algorithm(AlgoConfig(advantage="gae", critic=True, value_clip=None, value_coef=2.0), max_new_tokens=2)
+    assert algo.prepare_outputs == {"values"} and algo.needs == {"values"}
+    batch = _one_group_batch()
+    batch.extras["values"] = t([[0, 0.5, 0.5], [0, 0.5, 0.5]])
+    metrics = algo.prepare(batch)
+    assert batch.extras["returns"][:, 1:].tolist() == [[1.0, 1.0], [0.0, 0.0]]
+    assert "values" not in batch.extras and "old_values" in batch.extras
+    assert metrics["critic/explained_variance"] == pytest.approx(0.0)
+    assert not algo.inert_rows(batch).any()
+    logp = torch.zeros(2, 3, requires_grad=True)
+    values = batch.extras["old_values"].clone().requires_grad_(True)
+    x = LossInputs(logp, logp.detach(), batch.advantages, batch.completion_mask,
+                   extras={**batch.extras, "values": values})
+    total, m = algo.objective(x, algo.scale(batch.completion_mask))
+    pg, _ = Algorithm(AlgoConfig(), 2).objective(x, algo.scale(batch.completion_mask))
+    assert float((total - pg).detach()) == pytest.approx(2.0 * 0.5 * 0.25)  # every |V − R| = 0.5 over 4 tokens
+    assert m["critic/value_loss"] == pytest.approx(0.125)
+
+
+def test_critic_settings_must_match_the_estimator_and_name_both():
+    with pytest.raises(ConfigError, match=r"algo.advantage=gae.*algo.critic=false"):
+        check_names(build_config({"algo": {"advantage": "gae"}}))
+    with pytest.raises(ConfigError, match=r"algo.critic=true.*algo.advantage=grpo"):
+        check_names(build_config({"algo": {"critic": True}}))
+    check_names(build_config({"algo": {"preset": "ppo"}}))
+    check_names(build_config({"algo": {"preset": "evpo"}}))
+
+
+def test_knobs_a_loss_would_ignore_fail_at_config_time():
+    with pytest.raises(ConfigError, match=r"mis_token_low.*algo.loss=gspo"):
+        check_names(build_config({"algo": {"preset": "gspo", "loss_params": {"mis_token_low": 0.5}}}))
+    with pytest.raises(ConfigError, match=r"algo.advantage_params.*lamda"):
+        check_names(build_config({"algo": {"preset": "ppo", "advantage_params": {"lamda": 0.9}}}))
+    check_names(build_config({"algo": {"preset": "ppo", "advantage_params": {"lam": 0.9, "gamma": 0.99}}}))
