@@ -43,12 +43,12 @@ def _reference_logp(x: LossInputs, reference: str) -> torch.Tensor:
 def output_reset(x: LossInputs, or_margin: float = 0.2, or_reference: str = "rollout", **_):
     """Output Reset, PPO-OR / GRPO-OR (spec §11). Confidence: low — reconstructed from the abstract.
 
-    What: with ℓ_t = logp − logp_ref (the log-ratio to the rollout policy, `or_reference="rollout"`,
-    or to `old_logp` with `"old"`), s = sign(A) and margin m, the residual is e_t = max(0, m − s·ℓ_t)
-    and the loss ℓ = |A|·e_t². Descent moves logp in the direction of A until the log-ratio has
-    crossed the margin; from there the loss and its gradient are exactly zero ("the output is
-    reset"). Why: a smooth one-sided saturation in place of the clip, whose gradient is not cut off
-    abruptly at 1 ± ε but decays linearly to zero at the margin.
+    What: with ℓ_t = logp − logp_roll (the log-ratio to the rollout policy; `or_reference="old"`
+    measures it against `old_logp` instead), s = sign(A) and margin m, the residual is
+    e_t = max(0, m − s·ℓ_t) and the per-token loss L_t = |A|·e_t². Descent moves logp in the
+    direction of A until the log-ratio has crossed the margin; from there the loss and its gradient
+    are exactly zero ("the output is reset"). Why: a smooth one-sided saturation in place of the
+    clip, whose gradient is not cut off abruptly at 1 ± ε but decays linearly to zero at the margin.
 
     Choices where the abstract is silent: the |A| scale (the abstract only says the sign sets the
     direction) and m = 0.2 (ε-like). At ℓ = 0 the gradient is −2m·A per token, 0.4× that of the

@@ -33,14 +33,20 @@ def _group_slots(group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 # §12 GEPO (group entropy-controlled) --------------------------------------------------------------
 
 
+def _per_group_token_mean(values: torch.Tensor, group_index: torch.Tensor,
+                          mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean of `values` [B,T] over each group's valid tokens [G], slot of each row's group [B])."""
+    inverse, counts = _group_slots(group_index)
+    mask = mask.to(values.dtype)
+    sums = torch.zeros(len(counts), dtype=values.dtype).index_add_(0, inverse, (values * mask).sum(1))
+    tokens = torch.zeros(len(counts), dtype=values.dtype).index_add_(0, inverse, mask.sum(1))
+    return sums / tokens.clamp(min=1), inverse
+
+
 def group_token_mean(values: torch.Tensor, group_index: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per row, the mean of `values` [B,T] over every valid token of the row's group ([B])."""
-    inverse, _ = _group_slots(group_index)
-    groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    mask = mask.to(values.dtype)
-    sums = torch.zeros(groups, dtype=values.dtype).index_add_(0, inverse, (values * mask).sum(1))
-    tokens = torch.zeros(groups, dtype=values.dtype).index_add_(0, inverse, mask.sum(1))
-    return (sums / tokens.clamp(min=1))[inverse]
+    per_group, inverse = _per_group_token_mean(values, group_index, mask)
+    return per_group[inverse]
 
 
 def gepo_shape(advantages: torch.Tensor, group_entropy: torch.Tensor, entropy_mean: float, entropy_std: float,
@@ -110,14 +116,12 @@ def gepo(token_rewards, group_index, mask, token_entropy=None, entropy_mean: flo
     if base == "gepo":
         raise ValueError("gepo needs a different base estimator")
     entropy = _required("token_entropy", token_entropy).to(token_rewards.dtype)
-    h_group = group_token_mean(entropy, group_index, mask)
+    per_group, inverse = _per_group_token_mean(entropy, group_index, mask)
     if entropy_mean is None or entropy_std is None:
-        inverse, _ = _group_slots(group_index)
-        per_group = torch.zeros(int(inverse.max()) + 1, dtype=h_group.dtype).index_copy_(0, inverse, h_group)
         entropy_mean = float(per_group.mean())
         entropy_std = float(per_group.std()) if per_group.numel() > 1 else 0.0
     adv = ADVANTAGES.get(base)(token_rewards, group_index, mask, **knobs)
-    return gepo_shape(adv, h_group, entropy_mean, entropy_std, kappa, alpha) * mask
+    return gepo_shape(adv, per_group[inverse], entropy_mean, entropy_std, kappa, alpha) * mask
 
 
 # §13 Policy Split ---------------------------------------------------------------------------------
