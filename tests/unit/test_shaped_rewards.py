@@ -6,7 +6,14 @@ import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
 from lmrl.config import RewardComponent, RewardConfig
-from lmrl.eval.abstention import abstention_eval_metrics, batched_self_cascade, cascade, self_cascade
+from lmrl.eval.abstention import (
+    abstention_eval_metrics,
+    batched_self_cascade,
+    cascade,
+    cascade_metrics,
+    reply_rows,
+    self_cascade,
+)
 from lmrl.models import tiny_llama
 from lmrl.rewards import REWARD_FNS, RewardScorer
 from lmrl.rewards.shaped import (
@@ -118,6 +125,22 @@ def test_batched_self_cascade_counts_queries():
     assert draws == [[1, 2], [2]]
     assert queries == [1, 2, 3]
     assert [f.info["text"] for f in finals] == ["Answer: 42", "Answer: 42", "I don't know"]
+
+
+def test_cascade_metrics_over_saved_replies():
+    conservative = reply_rows([Group("a", {"answer": "42"}, [sample("Answer: I don't know")]),
+                               Group("b", {"answer": "42"}, [sample("Answer: 42")]),
+                               Group("c", {"answer": "42"}, [sample("I don't know")])])
+    assert [r["outcome"] for r in conservative] == ["abstain", "correct", "abstain"]
+    bold = reply_rows([Group(u, {}, [sample(t)]) for u, t in (("a", "Answer: 42"), ("b", "Answer: 1"),
+                                                              ("c", "Answer: 3"))])
+    m = cascade_metrics([conservative, bold], lam=2.0)
+    assert m["cascade/avg_queries"] == pytest.approx((2 + 1 + 2) / 3)
+    assert m["cascade/coverage"] == 1.0
+    assert m["cascade/conditional_accuracy"] == pytest.approx(2 / 3)  # a from the bold model, b kept, c wrong
+    assert m["cascade/risk_score"] == pytest.approx((2 - 2.0) / 3)
+    with pytest.raises(ValueError, match="uid"):
+        cascade_metrics([conservative, [{"uid": "z", "text": "", "outcome": "wrong"}]], lam=1.0)
 
 
 # §1.8 RLSF answer-span confidence ------------------------------------------------------------

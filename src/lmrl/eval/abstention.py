@@ -5,9 +5,12 @@
 detector as the `abstention` reward). `cascade` / `self_cascade` implement RH inference: ask models
 (or the same model again) in order and keep the first reply that does not abstain.
 
-Run as a module to evaluate a recipe's held-out prompts with these metrics:
+Run as a module to evaluate a recipe's held-out prompts with these metrics (and save the replies), then
+to cascade saved replies of several models (most conservative first):
 
-    python -m lmrl.eval.abstention abstention --model runs/X/checkpoints/step-000007/model --self-cascade 4
+    python -m lmrl.eval.abstention abstention --model RUN/checkpoints/step-000007/model --self-cascade 4 \
+        --replies lam2.jsonl
+    python -m lmrl.eval.abstention --cascade lam2.jsonl lam0.jsonl --lam 2
 """
 from __future__ import annotations
 
@@ -79,6 +82,34 @@ def batched_self_cascade(groups: list[Group], draw: Callable[[list[dict]], list]
     return finals, queries
 
 
+def reply_rows(groups: list[Group], **detector) -> list[dict]:
+    """One JSON-able row per evaluated prompt: uid, question, gold, greedy reply and its outcome."""
+    params = {k: v for k, v in detector.items() if k in DETECTOR_KEYS}
+    return [{"uid": g.uid, "question": g.row.get("question"), "gold": str(g.row.get("answer")),
+             "text": g.samples[0].info["text"], "outcome": abstention_outcome(g.samples[0], **params)}
+            for g in groups if g.samples]
+
+
+def cascade_metrics(replies_per_model: list[list[dict]], lam: float, **detector) -> dict[str, float]:
+    """RH cascade over saved replies (`reply_rows`), models in query order: per prompt the first reply
+    that does not abstain decides; avg_queries counts the models asked. Prompts are matched by uid."""
+    if not replies_per_model:
+        raise ValueError("cascade_metrics needs the replies of at least one model")
+    params = {k: v for k, v in detector.items() if k in ("phrases", "scope", "pattern")}
+    by_uid = [{r["uid"]: r for r in rows} for rows in replies_per_model]
+    uids = [r["uid"] for r in replies_per_model[0] if all(r["uid"] in m for m in by_uid)]
+    if not uids:
+        raise ValueError("the saved replies share no prompt uid")
+    outcomes, queries = [], []
+    for uid in uids:
+        result = cascade([m[uid]["text"] for m in by_uid], **params)
+        outcomes.append("abstain" if result.index is None else by_uid[result.index][uid]["outcome"])
+        queries.append(result.queries)
+    metrics = {f"cascade/{k}": v for k, v in abstention_metrics(outcomes, lam).items()}
+    metrics.update({"cascade/avg_queries": sum(queries) / len(queries), "cascade/num_prompts": float(len(uids))})
+    return metrics
+
+
 def _abstention_params(cfg) -> dict:
     """The first `abstention` component's params in a config (lam and the detector)."""
     for c in cfg.reward.components:
@@ -98,12 +129,20 @@ def main(argv: list[str] | None = None) -> int:
     from lmrl.loops.setup import build_stages
 
     p = argparse.ArgumentParser(prog="python -m lmrl.eval.abstention", description=main.__doc__)
-    p.add_argument("recipe")
+    p.add_argument("recipe", nargs="?")
     p.add_argument("overrides", nargs="*")
+    p.add_argument("--replies", help="write the greedy replies and their outcomes here (JSON lines)")
+    p.add_argument("--cascade", nargs="+", metavar="REPLIES", help="cascade saved replies, most conservative first")
     p.add_argument("--model", help="model directory, .gguf file or 'default'")
     p.add_argument("--self-cascade", type=int, default=1, help="attempts per prompt while the model abstains")
     p.add_argument("--lam", type=float, help="λ of the risk score (default: the recipe's abstention lam)")
     args = p.parse_args(argv)
+    if args.cascade:
+        files = [[json.loads(line) for line in open(path) if line.strip()] for path in args.cascade]
+        print(json.dumps(cascade_metrics(files, args.lam if args.lam is not None else 1.0), indent=1))
+        return 0
+    if not args.recipe:
+        p.error("a recipe is needed (or --cascade REPLIES...)")
     overrides = list(args.overrides) + ([f"model.path={args.model}"] if args.model else [])
     cfg = load_config(args.recipe, overrides)
     params = _abstention_params(cfg)
@@ -113,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     metrics, groups = evaluate(s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval, cfg.rollout.max_new_tokens,
                                cfg.reward.accuracy_component, seed=cfg.trainer.seed)
     metrics.update(abstention_eval_metrics(groups, lam, **params))
+    if args.replies:
+        with open(args.replies, "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in reply_rows(groups, **params))
     if args.self_cascade > 1:
         sampling = SamplingParams(max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                                   temperature=cfg.eval.temperature)
