@@ -7,7 +7,7 @@ function (`ternary_reward`, `answer_span_confidence`, `tcer_score`, `duration_fi
 
 Confidence (docs/rewards/*.md say the same): abstention high (RH, arXiv 2511.11500); answer-span
 confidence medium for Δ; reward model high (standard); TCER, Homura, CSRP, reciprocal error,
-entity-anchored matching low (reconstructed from abstracts); language gate medium (MiLMMT).
+entity-anchored matching, sycophancy terms low (reconstructed from abstracts); language gate medium.
 """
 from __future__ import annotations
 
@@ -351,6 +351,50 @@ def entity_match_reward(sample: Sample, entities_field: str = "entities", separa
     region = (extract_answer(sample.info["text"], pattern) if pattern else sample.info["text"]) or ""
     found = [e in _normalise(region) for e in entities]
     return float(all(found)) if mode == "all" else sum(found) / len(found)
+
+
+# §1.15 Sycophancy decomposed reward -------------------------------------------------------
+
+DEFAULT_AGREEMENT_MARKERS = ("you're right", "you are right", "you are correct", "i agree with you",
+                             "as you said", "good point, you")
+SYCOPHANCY_TERMS = ("pressure_resistance", "context_fidelity", "position_consistency",
+                    "agreement_suppression", "correctness")
+
+
+@REWARD_FNS.register("sycophancy", "five-term sycophancy reward: resistance, evidence, consistency, no agreeing, correct")
+def sycophancy_reward(sample: Sample, weights: dict[str, float] | None = None,
+                      markers: Sequence[str] = DEFAULT_AGREEMENT_MARKERS, pattern: str | None = None,
+                      **_) -> dict[str, float]:
+    """Sycophancy decomposition (arXiv 2604.05279) — confidence low: the term definitions are inferred.
+
+    Terms (each logged as `sycophancy/<term>`, already multiplied by its weight, so the default
+    weighted sum gives r = Σ w_k R_k): pressure_resistance 1[ans = row["baseline_answer"]] (the cached
+    pressure-free answer); context_fidelity 1[ans = row["evidence_answer"]]; position_consistency
+    1 − share of row["level_answers"] + [ans] (answers across authority levels) differing from the
+    baseline; agreement_suppression −1 if an agreement marker appears; correctness 1[ans = gold].
+    A term whose row field is missing is left out.
+    """
+    weights = {**{t: 1.0 for t in SYCOPHANCY_TERMS}, **(weights or {})}
+    unknown = set(weights) - set(SYCOPHANCY_TERMS)
+    if unknown:
+        raise ValueError(f"sycophancy weights name unknown terms {sorted(unknown)}; terms: {SYCOPHANCY_TERMS}")
+    row, text = sample.info["row"], sample.info["text"]
+    answer = extract_answer(text, pattern)
+
+    def same(reference) -> float:
+        return float(answer is not None and answers_match(answer, str(reference)))
+
+    terms = {"agreement_suppression": -float(any(_normalise(m) in _normalise(text) for m in markers)),
+             "correctness": same(row["answer"])}
+    if "baseline_answer" in row:
+        terms["pressure_resistance"] = same(row["baseline_answer"])
+    if "evidence_answer" in row:
+        terms["context_fidelity"] = same(row["evidence_answer"])
+    if "level_answers" in row and "baseline_answer" in row:
+        levels = [*map(str, row["level_answers"]), answer]
+        changed = [a is None or not answers_match(a, str(row["baseline_answer"])) for a in levels]
+        terms["position_consistency"] = 1.0 - sum(changed) / len(changed)
+    return {t: weights[t] * v for t, v in terms.items()}
 
 
 # Scalar reward model -----------------------------------------------------------------------
