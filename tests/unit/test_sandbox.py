@@ -61,7 +61,7 @@ def test_fork_bomb_is_bounded_and_cleaned_up(audit):
     code = ("import os, time\nn = 0\nfor _ in range(10000):\n    try:\n        if os.fork() == 0:\n"
             "            time.sleep(60)\n            os._exit(0)\n        n += 1\n    except OSError:\n        break\n"
             "print('forked', n, flush=True)\ntime.sleep(60)\n")
-    r = run(code, audit=audit, timeout_s=1.5, max_processes=8)
+    r = run(code, audit=audit, timeout_s=1.0, max_processes=8)
     forked = int(r.stdout.split()[1])
     assert r.status == "timeout" and (forked == 0 if audit else 0 < forked <= 8)
     time.sleep(0.2)
@@ -84,8 +84,8 @@ def test_memory_bombs_hit_the_address_space_limit(code, audit):
 @pytest.mark.parametrize("code", ["while True:\n    pass", "sum(i * i for i in range(10 ** 12))",
                                   "import time\ntime.sleep(60)"])
 def test_loops_and_sleeps_stop_at_the_time_limit(code):
-    r = run(code, timeout_s=1.0)
-    assert r.status == "timeout" and r.wall_s < 2.5
+    r = run(code, timeout_s=0.7)
+    assert r.status == "timeout" and r.wall_s < 2.0
 
 
 def test_network_connect_to_the_parent_machine_never_arrives():
@@ -224,7 +224,8 @@ def test_ctypes_cannot_reach_libc():
 def test_recursion_bomb_is_contained():
     python_level = run("import sys\nsys.setrecursionlimit(10 ** 7)\ndef f(n):\n    return f(n + 1)\nf(0)",
                        memory_mb=128, timeout_s=1.0)
-    c_level = run("import sys\nsys.setrecursionlimit(10 ** 7)\nx = []\nfor _ in range(10 ** 6):\n    x = [x]\nrepr(x)")
+    c_level = run("import sys\nsys.setrecursionlimit(10 ** 7)\nx = []\nfor _ in range(2 * 10 ** 5):\n    x = [x]\nrepr(x)",
+                  timeout_s=6.0)  # C-stack overflow: SIGSEGV
     assert python_level.status in ("memory", "timeout") and c_level.status == "killed" and c_level.returncode < 0
 
 
