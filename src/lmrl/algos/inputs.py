@@ -19,6 +19,8 @@ from lmrl.algos.advantages_extra import modality_mask
 MODEL_OUTPUTS = frozenset({"values", "hidden", "token_entropy"})
 # Copied from the task row of each sample (every sample of a prompt carries its prompt's value).
 ROW_FIELD_INPUTS = frozenset({"peer_rewards", "perm_index"})
+# Knobs read by `lookup` rather than by the estimator (allowed in `algo.advantage_params`).
+INPUT_KNOBS = frozenset({"acoustic_component", "speech_id_range"})
 # Keyword names of the estimators that differ from the loop's input names.
 ALIASES = {"components": "reward_components"}
 

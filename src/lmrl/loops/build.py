@@ -4,7 +4,7 @@ from __future__ import annotations
 import inspect
 
 from lmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
-from lmrl.algos.inputs import ALIASES, MODEL_OUTPUTS, ROW_FIELD_INPUTS
+from lmrl.algos.inputs import ALIASES, INPUT_KNOBS, MODEL_OUTPUTS, ROW_FIELD_INPUTS
 from lmrl.config import Config, ConfigError
 from lmrl.data import GROUP_FILTERS, SAMPLERS
 from lmrl.engines import ENGINES
@@ -27,7 +27,7 @@ def _unknown_knobs(fn, given: dict) -> list[str]:
     catch_all = [p for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
     if catch_all and catch_all[0].name != "_":
         return []
-    return sorted(k for k in given if k not in params)
+    return sorted(k for k in given if k not in params and k not in INPUT_KNOBS)
 
 
 def check_combinations(cfg: Config) -> None:
