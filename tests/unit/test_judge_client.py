@@ -164,10 +164,17 @@ def test_cache_hits_and_keys(endpoint, tmp_path):
     assert len(endpoint.bodies) == 3
     reloaded = client(endpoint, cache_path=str(path))
     assert reloaded.chat(ask("b")) == "echo b" and len(endpoint.bodies) == 3
+    with open(path, "a") as f:
+        f.write('{"key": "cut short by a cra')  # a torn last line is skipped on load
+    assert client(endpoint, cache_path=str(path)).chat(ask("a")) == "echo a" and len(endpoint.bodies) == 3
+    small = client(endpoint, cache_max_entries=2)
+    for text in ("p", "q", "p", "r", "p", "q"):  # q is least recently used when r arrives
+        small.chat(ask(text))
+    assert [b["messages"][0]["content"] for b in endpoint.bodies[3:]] == ["p", "q", "r", "q"]
     uncached = client(endpoint, cache=False)
     uncached.chat(ask("a"))
     uncached.chat(ask("a"))
-    assert len(endpoint.bodies) == 5
+    assert len(endpoint.bodies) == 9
 
 
 def test_concurrency_limit_is_respected():

@@ -253,3 +253,11 @@ def test_built_from_recipe_params_without_touching_the_network():
         REWARD_FNS.get("judge_flip")(judge={"url": "x"})
     with pytest.raises(KeyError, match="'prompt'"):
         REWARD_FNS.get("judge_flip")(judge=ScriptedJudge(lambda t, _: "x"), prompt_field="prompt")(sample("r"))
+
+
+def test_shipped_recipe_builds_its_judge():
+    from lmrl.config import load_config
+
+    judge = RewardScorer(load_config("judge_rubric").reward).components[0].call
+    assert judge.client.url == "http://127.0.0.1:8000/v1/chat/completions" and not judge.per_criterion
+    assert [c.weight for c in judge.criteria] == [5.0, 3.0, -2.0]

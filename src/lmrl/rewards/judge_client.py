@@ -3,8 +3,9 @@
 It adds what a reward computed by a remote model needs: a per-request timeout, retries with
 exponential backoff and jitter (on timeouts, connection errors, HTTP 5xx / 408 / 429 and replies
 that are not a chat completion), a limit on concurrent requests, and a response cache keyed by
-(model, messages, sampling params) — in memory, optionally mirrored to a JSON file so a rerun does
-not pay for the same judgement twice. Every failure ends in a `JudgeError` naming the endpoint and
+(model, messages, sampling params) — in memory (least recently used entries evicted past
+`cache_max_entries`), optionally mirrored to a JSON-lines file so a rerun does not pay for the same
+judgement twice. Every failure ends in a `JudgeError` naming the endpoint and
 the cause; the reward scorer then retries or excludes the sample (`reward.retries`, `reward.on_error`).
 The parsers at the end read verdicts, scores, score lines and pairwise winners out of free-form
 replies, and raise `JudgeResponseError` when a reply holds none.
@@ -16,9 +17,9 @@ import json
 import os
 import random
 import re
-import tempfile
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -66,21 +67,25 @@ class JudgeClient:
     jitter: float = 0.25  # each wait is multiplied by a uniform factor in [1 - jitter, 1 + jitter]
     max_concurrency: int = 4  # requests in flight at once, across all threads using this client
     cache: bool = True
-    cache_path: str | None = None  # JSON file mirroring the cache (loaded at start, rewritten on each new entry)
+    cache_max_entries: int = 50_000  # in-memory entries kept (least recently used evicted first)
+    cache_path: str | None = None  # JSON-lines file mirroring the cache: loaded at start, one line appended per entry
 
     def __post_init__(self):
-        if self.max_concurrency < 1 or self.retries < 0 or self.timeout_s <= 0:
-            raise ValueError("judge client: need max_concurrency >= 1, retries >= 0 and timeout_s > 0 "
-                             f"(got {self.max_concurrency}, {self.retries}, {self.timeout_s})")
+        if self.max_concurrency < 1 or self.retries < 0 or self.timeout_s <= 0 or self.cache_max_entries < 1:
+            raise ValueError("judge client: need max_concurrency >= 1, retries >= 0, timeout_s > 0 and "
+                             f"cache_max_entries >= 1 (got {self.max_concurrency}, {self.retries}, {self.timeout_s}, "
+                             f"{self.cache_max_entries})")
         self.url = self.base_url.rstrip("/") + "/chat/completions"
         self._slots = threading.BoundedSemaphore(self.max_concurrency)
         self._local = threading.local()
         self._cache_lock = threading.Lock()
         self._stats_lock = threading.Lock()
-        self._cache: dict[str, dict] = {}
+        self._cache: OrderedDict[str, dict] = OrderedDict()
         self.stats = {"requests": 0, "cache_hits": 0, "retries": 0, "failures": 0}
-        if self.cache_path and Path(self.cache_path).is_file():
-            self._cache = json.loads(Path(self.cache_path).read_text())
+        if self.cache_path:
+            Path(self.cache_path).parent.mkdir(parents=True, exist_ok=True)
+            if Path(self.cache_path).is_file():
+                self._load_cache(Path(self.cache_path))
 
     @classmethod
     def from_params(cls, params: dict[str, Any] | None) -> "JudgeClient":
@@ -121,13 +126,15 @@ class JudgeClient:
             with self._cache_lock:
                 if key in self._cache:
                     self._count("cache_hits")
+                    self._cache.move_to_end(key)
                     return self._cache[key]
         reply = self._post_with_retries(body)
         if self.cache:
             with self._cache_lock:
-                self._cache[key] = reply
+                self._remember(key, reply)
                 if self.cache_path:
-                    self._write_cache()
+                    with open(self.cache_path, "a", encoding="utf-8") as f:
+                        f.write(json.dumps({"key": key, "reply": reply}, ensure_ascii=False) + "\n")
         return reply
 
     def chat(self, messages: list[dict[str, str]], **overrides) -> str:
@@ -194,14 +201,20 @@ class JudgeClient:
             raise JudgeResponseError(f"choice content is {type(content).__name__}, not text")
         return reply
 
-    def _write_cache(self) -> None:
-        """Atomic rewrite (temp file, then rename) so a crash never leaves a half-written cache."""
-        path = Path(self.cache_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(self._cache, f, ensure_ascii=False)
-        os.replace(tmp, path)
+    def _remember(self, key: str, reply: dict) -> None:
+        self._cache[key] = reply
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.cache_max_entries:
+            self._cache.popitem(last=False)
+
+    def _load_cache(self, path: Path) -> None:
+        """Read a JSON-lines cache; a line cut short by a crash is skipped."""
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+                self._remember(entry["key"], entry["reply"])
+            except (ValueError, KeyError, TypeError):
+                continue
 
 
 # ---------------------------------------------------------------- reading judge replies
