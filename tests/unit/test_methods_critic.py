@@ -174,3 +174,10 @@ def test_knobs_a_loss_would_ignore_fail_at_config_time():
     with pytest.raises(ConfigError, match=r"algo.advantage_params.*lamda"):
         check_names(build_config({"algo": {"preset": "ppo", "advantage_params": {"lamda": 0.9}}}))
     check_names(build_config({"algo": {"preset": "ppo", "advantage_params": {"lam": 0.9, "gamma": 0.99}}}))
+
+
+def test_every_preset_has_a_description():
+    from lmrl.config import PRESET_DESCRIPTIONS, PRESETS
+
+    assert set(PRESETS) == set(PRESET_DESCRIPTIONS)
+    assert {"ppo", "evpo", "resrl", "gdpo", "rvpo", "entrocraft", "eqlen", "xgrpo", "alpo", "prpo"} <= set(PRESETS)
