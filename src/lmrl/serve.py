@@ -54,10 +54,11 @@ class ChatService:
 
     def sampling(self, body: dict[str, Any]) -> tuple[SamplingParams, int, torch.Generator | None]:
         """Sampling params, number of choices and RNG from the OpenAI request fields."""
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", self.default_max_tokens))
-        temperature = body.get("temperature", 1.0)
-        top_p = body.get("top_p", 1.0)
-        n = body.get("n", 1)
+        def field(name: str, default):  # a missing field and an explicit null both mean the default
+            return default if body.get(name) is None else body[name]
+
+        max_tokens = field("max_completion_tokens", field("max_tokens", self.default_max_tokens))
+        temperature, top_p, n = field("temperature", 1.0), field("top_p", 1.0), field("n", 1)
         checks = [("max_tokens", max_tokens, isinstance(max_tokens, int) and 1 <= max_tokens <= self.max_tokens_limit,
                    f"an integer in [1, {self.max_tokens_limit}]"),
                   ("temperature", temperature, isinstance(temperature, (int, float)) and 0 <= temperature <= 2,

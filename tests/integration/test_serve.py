@@ -75,6 +75,8 @@ def test_models_health_and_errors(server):
                           ({"messages": [{"role": "user"}]}, "content"), ({"messages": ask("x"), "n": 0}, "'n'")]:
         response = requests.post(url(server, "/v1/chat/completions"), json=body, timeout=5)
         assert response.status_code == 400 and message in response.json()["error"]["message"]
+    nulls = {"messages": ask("x"), "max_tokens": 3, "temperature": None, "top_p": None, "n": None, "seed": None}
+    assert requests.post(url(server, "/v1/chat/completions"), json=nulls, timeout=30).status_code == 200
     raw = requests.post(url(server, "/v1/chat/completions"), data=b"{oops", timeout=5)
     assert raw.status_code == 400 and json.loads(raw.text)["error"]["type"] == "invalid_request_error"
 

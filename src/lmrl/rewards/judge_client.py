@@ -273,8 +273,8 @@ def parse_verdicts(text: str, count: int) -> list[int]:
             verdict = _word_verdict(str(value).lower())
             if str(key).strip().isdigit() and verdict is not None:
                 found[int(key)] = verdict
-    for index, word in re.findall(r"(?m)^\W*(?:criterion\s*)?(\d+)\s*[:.)\]=-]+.*?\b(yes|no|true|false|pass|fail|met|unmet)\b",
-                                  clean, re.I):
+    line = r"(?m)^\W*(?:criterion\s*)?(\d+)\s*[:.)\]=-]+.*?\b(yes|no|true|false|pass|fail|met|unmet)\b"
+    for index, word in re.findall(line, clean, re.I):
         found.setdefault(int(index), _word_verdict(word))
     missing = [i for i in range(1, count + 1) if i not in found]
     if missing:

@@ -195,7 +195,8 @@ def grrm_rm_reward(pred_order: str, pred_scores: dict[str, float], ref_scores: d
 # ---------------------------------------------------------------- prompts and shared plumbing
 
 RUBRIC_ONE = ("You grade a response against one criterion.\n\nPrompt:\n{prompt}\n\nResponse:\n{response}\n\n"
-              "Criterion: {criterion}\n\nIs the criterion met by the response? End with 'Verdict: yes' or 'Verdict: no'.")
+              "Criterion: {criterion}\n\nIs the criterion met by the response? "
+              "End with 'Verdict: yes' or 'Verdict: no'.")
 RUBRIC_ALL = ("You grade a response against numbered criteria.\n\nPrompt:\n{prompt}\n\nResponse:\n{response}\n\n"
               "Criteria:\n{criteria}\n\nFor each criterion answer on its own line '<number>: yes' if the response "
               "meets it, '<number>: no' otherwise.")
@@ -240,10 +241,16 @@ def _user(content: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": content}]
 
 
-def _listing(texts: list[str], label: str = "Response") -> str:
+def _listing(texts: list[str]) -> str:
     if len(texts) > len(LETTERS):
         raise ValueError(f"a judge call can compare at most {len(LETTERS)} responses (got {len(texts)})")
-    return "\n\n".join(f"{label} {LETTERS[i]}:\n{t}" for i, t in enumerate(texts))
+    return "\n\n".join(f"Response {LETTERS[i]}:\n{t}" for i, t in enumerate(texts))
+
+
+def _check_ask(ask: str) -> bool:
+    if ask not in ("per_criterion", "all_at_once"):
+        raise ValueError(f"ask must be per_criterion or all_at_once (got {ask!r})")
+    return ask == "per_criterion"
 
 
 class _Judge:
@@ -324,7 +331,8 @@ class SelfRubricReward(ImplicitRubricReward):
 
     def rubric_for(self, prompt: str) -> str:
         if prompt not in self.rubrics:
-            self.rubrics[prompt] = strip_reasoning(self.generator.chat(_user(self.rubric_template.format(prompt=prompt))))
+            reply = self.generator.chat(_user(self.rubric_template.format(prompt=prompt)))
+            self.rubrics[prompt] = strip_reasoning(reply)
         return self.rubrics[prompt]
 
     def __call__(self, sample: Sample) -> float:
@@ -360,12 +368,6 @@ class FlipReward(_Judge):
 
 
 # ---------------------------------------------------------------- group judges
-
-def _check_ask(ask: str) -> bool:
-    if ask not in ("per_criterion", "all_at_once"):
-        raise ValueError(f"ask must be per_criterion or all_at_once (got {ask!r})")
-    return ask == "per_criterion"
-
 
 @GROUP_REWARD_FNS.register("judge_dynamic_rubric", "DynamicRubric: criteria written for the whole group, then checked")
 class DynamicRubricReward(_Judge):
@@ -408,7 +410,8 @@ class GrrmReward(_Judge):
         super().__init__(judge, prompt_field, template, GRRM)
         if on_parse_error not in ("error", "default"):
             raise ValueError(f"on_parse_error must be error or default (got {on_parse_error!r})")
-        self.scale, self.max_score, self.default, self.on_parse_error = score_scale, max_score, default_reward, on_parse_error
+        self.scale, self.max_score, self.default = score_scale, max_score, default_reward
+        self.on_parse_error = on_parse_error
         self.max_length, self.buffer, self.penalty = max_length, overlong_buffer, overlong_penalty
 
     def __call__(self, samples: list[Sample]) -> list[float]:
@@ -416,8 +419,9 @@ class GrrmReward(_Judge):
         unique = list(dict.fromkeys(t for t in texts if t.strip()))
         if len(unique) < 2:
             return [self.default] * len(samples)
-        reply = self.client.chat(_user(self.template.format(count=len(unique), prompt=prompt_text(samples[0], self.prompt_field),
-                                                            responses=_listing(unique), max_score=self.max_score)))
+        prompt = prompt_text(samples[0], self.prompt_field)
+        reply = self.client.chat(_user(self.template.format(count=len(unique), prompt=prompt, responses=_listing(unique),
+                                                            max_score=self.max_score)))
         try:
             scores = parse_letter_scores(reply, LETTERS[: len(unique)], 0, self.max_score)
         except JudgeResponseError:
@@ -425,9 +429,9 @@ class GrrmReward(_Judge):
                 return [self.default] * len(samples)
             raise
         letter = {t: LETTERS[i] for i, t in enumerate(unique)}
-        return [self.default if not t.strip() else
-                scores[letter[t]] * self.scale - overlong_penalty(s.num_generated, self.max_length, self.buffer, self.penalty)
-                for s, t in zip(samples, texts)]
+        return [scores[letter[t]] * self.scale
+                - overlong_penalty(s.num_generated, self.max_length, self.buffer, self.penalty)
+                if t.strip() else self.default for s, t in zip(samples, texts)]
 
 
 @GROUP_REWARD_FNS.register("judge_rrc", "RRC: pairwise judge wins against the group (scr) or fixed anchors (agr)")
@@ -445,7 +449,8 @@ class RrcReward(_Judge):
         super().__init__(judge, prompt_field, template, PAIR)
         if mode not in ("scr", "agr") or votes < 1:
             raise ValueError(f"judge_rrc: mode must be scr or agr and votes >= 1 (got {mode!r}, {votes})")
-        self.mode, self.votes, self.alpha, self.swap, self.break_cycles = mode, votes, alpha, swap_positions, break_cycles
+        self.mode, self.votes, self.alpha = mode, votes, alpha
+        self.swap, self.break_cycles = swap_positions, break_cycles
         self.anchors_field, self.num_anchors = anchors_field, num_anchors
         self.anchor_policy = None if anchor_policy is None else make_judge(anchor_policy)
         self.anchor_cache: dict[str, list[str]] = {}
@@ -472,8 +477,8 @@ class RrcReward(_Judge):
         if self.anchor_policy is None:
             raise ValueError(f"judge_rrc mode=agr needs anchors: a row field {self.anchors_field!r} or anchor_policy")
         if prompt not in self.anchor_cache:
-            self.anchor_cache[prompt] = self.anchor_policy.chat_many([_user(prompt)] * self.num_anchors,
-                                                                     per_call=[{"seed": k} for k in range(self.num_anchors)])
+            seeds = [{"seed": k} for k in range(self.num_anchors)]
+            self.anchor_cache[prompt] = self.anchor_policy.chat_many([_user(prompt)] * self.num_anchors, per_call=seeds)
         return self.anchor_cache[prompt]
 
     def __call__(self, samples: list[Sample]) -> list[float]:
@@ -481,7 +486,8 @@ class RrcReward(_Judge):
         if self.mode == "agr":
             anchors = self.anchors(samples[0], prompt)
             m = self.margins(prompt, [(t, a) for t in texts for a in anchors])
-            return [self.alpha * sum(x > 0 for x in m[i * len(anchors):(i + 1) * len(anchors)]) for i in range(len(texts))]
+            k = len(anchors)
+            return [self.alpha * sum(x > 0 for x in m[i * k:(i + 1) * k]) for i in range(len(texts))]
         index = [(i, j) for i in range(len(texts)) for j in range(i + 1, len(texts))]
         margin = [[0.0] * len(texts) for _ in texts]
         for (i, j), x in zip(index, self.margins(prompt, [(texts[i], texts[j]) for i, j in index])):
