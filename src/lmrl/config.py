@@ -195,6 +195,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "xgrpo": {"algo.advantage": "xgrpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
     "alpo": {"algo.advantage": "alpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
     "prpo": {"algo.advantage": "prpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
+    "p_grpo": {"algo.advantage": "p_grpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
 }
 PRESET_DESCRIPTIONS = {
     "grpo": "GRPO: group-normalised advantages, PPO clip, token-mean",
@@ -213,6 +214,7 @@ PRESET_DESCRIPTIONS = {
     "xgrpo": "XGRPO: GRPO with the baseline pooled over own and peer rewards (task field peer_rewards)",
     "alpo": "ALPO: text tokens get the text-reward advantage, speech tokens the acoustic one",
     "prpo": "PRPO: GRPO within each permutation plus GRPO of permutation means (task fields)",
+    "p_grpo": "P-GRPO: GRPO advantages reweighted per token by PMI with the evidence (task field without it)",
 }
 
 

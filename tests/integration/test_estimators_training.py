@@ -26,7 +26,7 @@ if "has_digit" not in REWARD_FNS:
 
 def write_task(path, n=48):
     rows = [{"question": f"q{i % 12} say 7", "answer": "7", "peer_rewards": [0.0, 1.0][: 1 + i % 2],
-             "table": i % 12 // 2, "perm_index": i % 2} for i in range(n)]
+             "table": i % 12 // 2, "perm_index": i % 2, "question_without_evidence": "say"} for i in range(n)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -67,6 +67,7 @@ ESTIMATORS = [
     ({"preset": "xgrpo"}, ("contains_7",)),
     ({"preset": "alpo", "advantage_params": {"acoustic_component": "has_digit", "speech_id_range": DIGITS}}, TWO),
     ({"preset": "prpo", "group_by": "table", "advantage_params": {"lam": 0.5}}, ("contains_7",)),
+    ({"preset": "p_grpo", "advantage_params": {"ramp_steps": 2}}, ("contains_7",)),
 ]
 
 

@@ -187,3 +187,40 @@ def test_drop_mode_update_is_exact_under_micro_batching():
         assert torch.allclose(a, b, atol=1e-6)
     ratio = float(batch.completion_mask.sum() / kept)  # "keep" divides by every token instead
     assert all(torch.allclose(a, c * ratio, atol=1e-6) for a, c in zip(results[0], results[2]))
+
+
+def test_pmi_is_the_log_prob_gap_between_the_prompt_with_and_without_evidence(tokenizer):
+    from lmrl.envs import encode_prompt
+    from lmrl.loops.pmi import pmi
+
+    m = tiny_llama(vocab_size=len(tokenizer), hidden=32, layers=2, heads=4, seed=0)
+    learner = Learner(m, TrainerConfig(bf16=False))
+    rows = [{"question": "the answer is 7. say it", "question_without_evidence": "say it"}] * 2
+    prompt = encode_prompt(tokenizer, rows[0], None)
+    completions = [tokenizer("7 ok")["input_ids"], tokenizer("seven")["input_ids"]]
+    batch = collate([Sample(prompt, c, [0.0] * len(c), reward=0.0) for c in completions], [0, 0], pad_id=0)
+    got = pmi(batch, rows, learner, tokenizer, None, "question_without_evidence")
+    bare = encode_prompt(tokenizer, {"question": "say it"}, None)
+    for r, comp in enumerate(completions):
+        def completion_logp(p):
+            ids = torch.tensor([p + comp])
+            with torch.no_grad():
+                logits = m(input_ids=ids).logits[0, len(p) - 1: -1].log_softmax(-1)
+            return logits.gather(1, torch.tensor(comp).unsqueeze(1)).squeeze(1)
+        expected = completion_logp(prompt) - completion_logp(bare)
+        assert torch.allclose(got[r][batch.completion_mask[r] > 0], expected, atol=1e-5)
+
+
+def test_optional_inputs_reach_the_estimator_p_grpo_ramp():
+    """P-GRPO's `step` is not required but is passed when the batch carries it: λ = step / ramp_steps."""
+    batch = shared_prompt_batch(groups=1)
+    batch.extras["pmi"] = torch.randn(batch.completion_mask.shape, generator=torch.Generator().manual_seed(0))
+    Algorithm(AlgoConfig(), 6).prepare(batch)
+    grpo = batch.advantages.clone()
+    shifts = []
+    for step in (1, 2):
+        batch.context["step"] = step
+        Algorithm(AlgoConfig(advantage="p_grpo", advantage_params={"ramp_steps": 2}), 6).prepare(batch)
+        shifts.append(batch.advantages - grpo)
+    assert shifts[1].abs().sum() > 0
+    assert torch.allclose(shifts[0], 0.5 * shifts[1], atol=1e-6)

@@ -14,7 +14,7 @@ import torch
 from lmrl.algos import loss_masks  # noqa: F401  (attaches token masks to the rejection losses)
 from lmrl.algos.advantages import ADVANTAGES, outcome_to_token_rewards
 from lmrl.algos.aggregation import AGGREGATIONS, AggScale, token_mean
-from lmrl.algos.inputs import gather, model_outputs_for, requirements
+from lmrl.algos.inputs import gather, model_outputs_for, optional_inputs, requirements
 from lmrl.algos.kl import KL_ESTIMATORS, k1
 from lmrl.algos.losses import LOSSES, LossInputs
 from lmrl.algos.methods_critic import clipped_value_loss, explained_variance
@@ -123,7 +123,8 @@ class Algorithm:
             token_rewards = token_rewards - self.cfg.kl_coef * kl
             metrics["kl_in_reward"] = float(kl.sum() / mask.sum().clamp(min=1))
         knobs = self.cfg.advantage_params
-        inputs = gather(requirements(self.advantage_fn), batch, knobs)
+        required = requirements(self.advantage_fn)
+        inputs = {**optional_inputs(self.advantage_fn, required, batch, knobs), **gather(required, batch, knobs)}
         batch.advantages = self.advantage_fn(token_rewards, batch.group_index, mask, **inputs, **knobs)
         if self.critic:
             metrics.update(self._critic_targets(batch, token_rewards))

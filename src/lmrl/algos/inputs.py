@@ -20,7 +20,7 @@ MODEL_OUTPUTS = frozenset({"values", "hidden", "token_entropy"})
 # Copied from the task row of each sample (every sample of a prompt carries its prompt's value).
 ROW_FIELD_INPUTS = frozenset({"peer_rewards", "perm_index"})
 # Knobs read by `lookup` rather than by the estimator (allowed in `algo.advantage_params`).
-INPUT_KNOBS = frozenset({"acoustic_component", "speech_id_range"})
+INPUT_KNOBS = frozenset({"acoustic_component", "speech_id_range", "pmi_field"})
 # Keyword names of the estimators that differ from the loop's input names.
 ALIASES = {"components": "reward_components"}
 
@@ -74,6 +74,22 @@ def lookup(name: str, batch, knobs: dict[str, Any]) -> Any:
     if name == "speech_mask" and "speech_id_range" in knobs:
         return modality_mask(batch.input_ids[:, 1:], knobs["speech_id_range"]) * batch.completion_mask
     return None
+
+
+def optional_inputs(fn, required: Iterable[str], batch, knobs: dict[str, Any]) -> dict[str, Any]:
+    """Keyword parameters of `fn` (after the three positional ones) that the batch carries and that
+    neither `required` nor the knobs set (e.g. P-GRPO's `step` for its ramp)."""
+    import inspect
+
+    params = list(inspect.signature(fn).parameters.values())[3:]
+    found = {}
+    for p in params:
+        if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD or p.name in knobs or p.name in set(required):
+            continue
+        value = lookup(p.name, batch, knobs)
+        if value is not None:
+            found[p.name] = value
+    return found
 
 
 def gather(names: Iterable[str], batch, knobs: dict[str, Any]) -> dict[str, Any]:

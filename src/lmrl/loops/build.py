@@ -9,6 +9,7 @@ from lmrl.config import Config, ConfigError
 from lmrl.data import GROUP_FILTERS, SAMPLERS
 from lmrl.engines import ENGINES
 from lmrl.envs import TASKS
+from lmrl.loops.pmi import pmi_field
 from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
 
 
@@ -17,7 +18,7 @@ from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
 # steps, batch entropy), and model outputs the learner computes. "token_entropy" is computed by the
 # learner but not offered as an estimator input yet.
 LOOP_INPUTS = ({"acc", "group_acc", "rollout_logp", "ref_logp", "old_logp", "reward_components", "step",
-                "total_steps", "entropy", "acoustic_rewards", "speech_mask"}
+                "total_steps", "entropy", "acoustic_rewards", "speech_mask", "pmi"}
                | set(ALIASES) | (MODEL_OUTPUTS - {"token_entropy"}) | ROW_FIELD_INPUTS)
 
 
@@ -59,6 +60,8 @@ def check_row_fields(cfg: Config, rows: list[dict]) -> None:
         LOSSES.get(cfg.algo.loss), "requires", set())) & ROW_FIELD_INPUTS
     if cfg.algo.group_by:
         fields.add(cfg.algo.group_by)
+    if "pmi" in getattr(ADVANTAGES.get(cfg.algo.advantage), "requires", set()):
+        fields.add(pmi_field(cfg.algo.advantage_params))
     for name in sorted(fields):
         lacking = sum(name not in r for r in rows)
         if lacking:

@@ -16,6 +16,7 @@ from lmrl.config import Config
 from lmrl.envs import rollout
 from lmrl.eval.evaluator import evaluate
 from lmrl.learners.checkpoint import latest_checkpoint, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from lmrl.loops.pmi import pmi, pmi_field
 from lmrl.loops.progress import StepProgress
 from lmrl.loops.run_dir import RunDir
 from lmrl.loops.setup import Stages, build_stages
@@ -82,6 +83,11 @@ def row_field_tensor(values: list, name: str) -> torch.Tensor:
     raise ValueError(f"task field {name!r} must be a number or a list of numbers in every row")
 
 
+def scored_samples(group: Group) -> list:
+    """The samples of a group that enter the update, in batch order."""
+    return [x for x in group.samples if x.excluded is None]
+
+
 def to_batch(groups: list[Group], pad_id: int, accuracy_component: str | None = None,
              component_names: list[str] | None = None, row_fields: set[str] | frozenset = frozenset(),
              group_by: str | None = None):
@@ -95,7 +101,7 @@ def to_batch(groups: list[Group], pad_id: int, accuracy_component: str | None = 
     samples, index, acc, group_acc, rows = [], [], [], [], []
     keys: dict = {}
     for gi, g in enumerate(groups):
-        scored = [x for x in g.samples if x.excluded is None]
+        scored = scored_samples(g)
         correct = [float(x.rewards.get(accuracy_component, 0.0) >= 1.0) for x in scored]
         key = gi if group_by is None else repr(g.row[group_by])
         group = keys.setdefault(key, len(keys))
@@ -174,6 +180,10 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
                     batch.context.update(step=step, total_steps=cfg.trainer.steps)
                     if s.algorithm.needs_reference:
                         batch.extras["ref_logp"] = s.learner.logprobs(batch, reference=True)
+                    if "pmi" in s.algorithm.requires:
+                        rows = [g.row for g in kept for _ in scored_samples(g)]
+                        batch.extras["pmi"] = pmi(batch, rows, s.learner, s.tokenizer, cfg.task.system_prompt,
+                                                  pmi_field(cfg.algo.advantage_params))
                     if s.algorithm.prepare_outputs:
                         batch.extras.update(s.learner.model_outputs(batch, s.algorithm.prepare_outputs,
                                                                     s.algorithm.hidden_layer))
