@@ -293,6 +293,16 @@ def load_config(recipe: str | None = "quickstart", overrides: list[str] | None =
     return build_config(tree)
 
 
+def _check_sequence_bounds(tree: dict[str, Any], preset: str) -> None:
+    """GSPO's clip bounds (3e-4/4e-4) fit a sequence ratio; with a token-ratio loss they clip almost every token."""
+    algo = tree.get("algo") or {}
+    loss = algo.get("loss", PRESETS[preset].get("algo.loss"))
+    if preset == "gspo" and loss != "gspo" and not ("eps_low" in algo and "eps_high" in algo):
+        raise ConfigError(f"algo.preset=gspo brings sequence-ratio clip bounds (algo.eps_low=3e-4, algo.eps_high=4e-4) "
+                          f"but algo.loss={loss} clips token ratios with them, which clips almost every token; "
+                          "set algo.eps_low and algo.eps_high explicitly (e.g. 0.2 / 0.2)")
+
+
 def build_config(tree: dict[str, Any]) -> Config:
     tree = copy.deepcopy(tree)
     _check_keys(tree, Config)
@@ -301,6 +311,7 @@ def build_config(tree: dict[str, Any]) -> Config:
         near = difflib.get_close_matches(str(preset), list(PRESETS), n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
         raise ConfigError(f"unknown algo.preset {preset!r}{hint} (presets: {', '.join(PRESETS)})")
+    _check_sequence_bounds(tree, preset)
     for key, value in PRESETS[preset].items():
         if not _has_dotted(tree, key):
             _set_dotted(tree, key, value)

@@ -181,3 +181,11 @@ def test_every_preset_has_a_description():
 
     assert set(PRESETS) == set(PRESET_DESCRIPTIONS)
     assert {"ppo", "evpo", "resrl", "gdpo", "rvpo", "entrocraft", "eqlen", "xgrpo", "alpo", "prpo"} <= set(PRESETS)
+
+
+def test_gspo_preset_bounds_with_a_token_ratio_loss_fail_at_config_time():
+    with pytest.raises(ConfigError, match=r"algo.preset=gspo.*algo.loss=ppo_clip_mis_token"):
+        build_config({"algo": {"preset": "gspo", "loss": "ppo_clip_mis_token"}})
+    cfg = build_config({"algo": {"preset": "gspo", "loss": "ppo_clip_mis_token", "eps_low": 0.2, "eps_high": 0.2}})
+    assert cfg.algo.eps_low == 0.2
+    build_config({"algo": {"preset": "gspo", "eps_low": 0.2, "eps_high": 0.2}})
