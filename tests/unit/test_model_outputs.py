@@ -224,3 +224,15 @@ def test_optional_inputs_reach_the_estimator_p_grpo_ramp():
         shifts.append(batch.advantages - grpo)
     assert shifts[1].abs().sum() > 0
     assert torch.allclose(shifts[0], 0.5 * shifts[1], atol=1e-6)
+
+
+def test_task_fields_an_estimator_reads_must_be_in_every_training_row():
+    from lmrl.config import ConfigError, build_config
+    from lmrl.loops.build import check_row_fields
+
+    cfg = build_config({"algo": {"preset": "xgrpo"}})
+    check_row_fields(cfg, [{"peer_rewards": [1.0]}])
+    with pytest.raises(ConfigError, match="'peer_rewards'.*1 of 2"):
+        check_row_fields(cfg, [{"peer_rewards": [1.0]}, {}])
+    with pytest.raises(ConfigError, match="'table'"):
+        check_row_fields(build_config({"algo": {"group_by": "table"}}), [{}])

@@ -54,7 +54,7 @@ class Algorithm:
     @property
     def needs(self) -> set[str]:
         """Model outputs the learner adds to `LossInputs.extras` in the training forward."""
-        return ({"values"} if self.critic else set()) | (model_outputs_for(requirements(self.loss_fn)) - {"token_entropy"})
+        return ({"values"} if self.critic else set()) | (requirements(self.loss_fn) & {"values", "hidden"})
 
     @property
     def hidden_layer(self) -> int:

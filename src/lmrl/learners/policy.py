@@ -229,7 +229,8 @@ class Learner:
             mask=mask,
             ref_logp=ref.to(logp.device) if ref is not None else None,
             entropy=entropy,
-            extras={**{k: v.to(logp.device) for k, v in micro.extras.items()}, **outputs},
+            extras={**{k: torch.as_tensor(v) for k, v in micro.context.items() if isinstance(v, (int, float))},
+                    **{k: v.to(logp.device) for k, v in {**micro.extras, **micro.row_extras}.items()}, **outputs},
         )
         loss, metrics = algorithm.objective(inputs, scale)
         if entropy is None:
