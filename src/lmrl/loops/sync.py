@@ -125,6 +125,21 @@ def to_batch(groups: list[Group], pad_id: int, accuracy_component: str | None = 
     return batch
 
 
+def fill_inputs(s: Stages, batch, groups: list[Group], step: int) -> None:
+    """The inputs the algorithm declares that need the model or the loop's state, before `prepare`:
+    the step, reference log-probs, PMI, and the model outputs of a no-grad pass (values, hidden states,
+    token entropies)."""
+    batch.context.update(step=step, total_steps=s.cfg.trainer.steps)
+    if s.algorithm.needs_reference:
+        batch.extras["ref_logp"] = s.learner.logprobs(batch, reference=True)
+    if "pmi" in s.algorithm.requires:
+        rows = [g.row for g in groups for _ in scored_samples(g)]
+        batch.extras["pmi"] = pmi(batch, rows, s.learner, s.tokenizer, s.cfg.task.system_prompt,
+                                  pmi_field(s.cfg.algo.advantage_params))
+    if s.algorithm.prepare_outputs:
+        batch.extras.update(s.learner.model_outputs(batch, s.algorithm.prepare_outputs, s.algorithm.hidden_layer))
+
+
 def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None) -> RunResult:
     """Run `cfg` to completion (or continue the run directory `resume` from its last checkpoint)."""
     s = stages or build_stages(cfg)
@@ -177,16 +192,7 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
                                  cfg.algo.group_by)
                 t1 = time.perf_counter()
                 if batch is not None:
-                    batch.context.update(step=step, total_steps=cfg.trainer.steps)
-                    if s.algorithm.needs_reference:
-                        batch.extras["ref_logp"] = s.learner.logprobs(batch, reference=True)
-                    if "pmi" in s.algorithm.requires:
-                        rows = [g.row for g in kept for _ in scored_samples(g)]
-                        batch.extras["pmi"] = pmi(batch, rows, s.learner, s.tokenizer, cfg.task.system_prompt,
-                                                  pmi_field(cfg.algo.advantage_params))
-                    if s.algorithm.prepare_outputs:
-                        batch.extras.update(s.learner.model_outputs(batch, s.algorithm.prepare_outputs,
-                                                                    s.algorithm.hidden_layer))
+                    fill_inputs(s, batch, kept, step)
                     metrics.update(s.algorithm.prepare(batch))
                     metrics.update(s.learner.update(batch, s.algorithm))
                     s.engine.update_weights(None, step)
