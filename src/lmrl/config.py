@@ -98,6 +98,7 @@ class AlgoConfig(Section):
     value_clip: float | None = Field(0.5, gt=0)  # clip of V around the prepare-time values (None: unclipped)
     rejected_tokens: Literal["drop", "keep"] = "drop"  # rejection losses: drop rejected tokens from the loss mask
     group_by: str | None = None  # task row field whose equal values form one advantage group (default: the prompt)
+    cost_aware_fraction: float = Field(0.0, ge=0)  # Cost-Aware GRPO: draws per row (0 = off; 0.5 = half the rows)
 
 
 class TrainerConfig(Section):
@@ -196,6 +197,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "alpo": {"algo.advantage": "alpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
     "prpo": {"algo.advantage": "prpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
     "p_grpo": {"algo.advantage": "p_grpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
+    "cost_aware_grpo": {"algo.advantage": "grpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean",
+                        "algo.cost_aware_fraction": 0.5},
 }
 PRESET_DESCRIPTIONS = {
     "grpo": "GRPO: group-normalised advantages, PPO clip, token-mean",
@@ -215,6 +218,7 @@ PRESET_DESCRIPTIONS = {
     "alpo": "ALPO: text tokens get the text-reward advantage, speech tokens the acoustic one",
     "prpo": "PRPO: GRPO within each permutation plus GRPO of permutation means (task fields)",
     "p_grpo": "P-GRPO: GRPO advantages reweighted per token by PMI with the evidence (task field without it)",
+    "cost_aware_grpo": "Cost-Aware GRPO: train on half the rows, drawn by |A|/sqrt(length), importance-weighted",
 }
 
 

@@ -68,6 +68,7 @@ ESTIMATORS = [
     ({"preset": "alpo", "advantage_params": {"acoustic_component": "has_digit", "speech_id_range": DIGITS}}, TWO),
     ({"preset": "prpo", "group_by": "table", "advantage_params": {"lam": 0.5}}, ("contains_7",)),
     ({"preset": "p_grpo", "advantage_params": {"ramp_steps": 2}}, ("contains_7",)),
+    ({"preset": "cost_aware_grpo"}, ("contains_7",)),
 ]
 
 

@@ -189,3 +189,21 @@ def test_gspo_preset_bounds_with_a_token_ratio_loss_fail_at_config_time():
     cfg = build_config({"algo": {"preset": "gspo", "loss": "ppo_clip_mis_token", "eps_low": 0.2, "eps_high": 0.2}})
     assert cfg.algo.eps_low == 0.2
     build_config({"algo": {"preset": "gspo", "eps_low": 0.2, "eps_high": 0.2}})
+
+
+def test_cost_aware_draw_keeps_weighted_rows_and_zeroes_the_rest():
+    from lmrl.algos.advantages_extra import cost_aware_weights
+
+    batch = Batch(torch.zeros(4, 4, dtype=torch.long), torch.ones(4, 4, dtype=torch.long),
+                  t([[0, 1, 1], [0, 1, 0], [0, 1, 1], [0, 1, 0]]), torch.zeros(4, 3), t([1, 0, 0, 1]),
+                  torch.tensor([0, 0, 0, 0]))
+    Algorithm(AlgoConfig(), 2).prepare(batch)
+    grpo = batch.advantages.clone()
+    torch.manual_seed(0)
+    metrics = Algorithm(AlgoConfig(cost_aware_fraction=0.5), 2).prepare(batch)
+    torch.manual_seed(0)
+    per_row = (grpo * batch.completion_mask).sum(1) / batch.completion_mask.sum(1)
+    selected, weights = cost_aware_weights(per_row, batch.completion_mask.sum(1), 2)
+    assert torch.allclose(batch.advantages, grpo * weights.unsqueeze(1))
+    assert metrics["cost_aware/selected_frac"] == float(selected.float().mean()) <= 0.5
+    assert Algorithm(AlgoConfig(cost_aware_fraction=0.5), 2).inert_rows(batch).tolist() == (~selected).tolist()

@@ -13,6 +13,7 @@ import torch
 
 from lmrl.algos import loss_masks  # noqa: F401  (attaches token masks to the rejection losses)
 from lmrl.algos.advantages import ADVANTAGES, outcome_to_token_rewards
+from lmrl.algos.advantages_extra import cost_aware_weights
 from lmrl.algos.aggregation import AGGREGATIONS, AggScale, token_mean
 from lmrl.algos.inputs import gather, model_outputs_for, optional_inputs, requirements
 from lmrl.algos.kl import KL_ESTIMATORS, k1
@@ -128,6 +129,8 @@ class Algorithm:
         batch.advantages = self.advantage_fn(token_rewards, batch.group_index, mask, **inputs, **knobs)
         if self.critic:
             metrics.update(self._critic_targets(batch, token_rewards))
+        if self.cfg.cost_aware_fraction > 0:
+            metrics.update(self._cost_aware_draw(batch))
         for name in self.prepare_outputs - {"values"}:
             batch.extras.pop(name, None)  # consumed; keeps micro-batches light
         valid = batch.advantages[mask > 0]
@@ -145,6 +148,22 @@ class Algorithm:
         return {"critic/explained_variance": explained_variance(returns, values, mask),
                 "critic/values_mean": float(values[valid].mean()) if valid.any() else 0.0,
                 "critic/returns_mean": float(returns[valid].mean()) if valid.any() else 0.0}
+
+    def _cost_aware_draw(self, batch: Batch) -> dict[str, float]:
+        """Cost-Aware GRPO: keep the rows drawn by |A_i|/√L_i, A_i ← w_i·A_i (unbiased); the rest become inert.
+
+        A_i is the row's mean advantage over its tokens; draws = round(fraction · rows), with
+        replacement, from torch's global generator (checkpointed, so resume is exact). Denominators
+        stay those of the whole batch.
+        """
+        mask = batch.completion_mask
+        lengths = mask.sum(1)
+        per_row = (batch.advantages * mask).sum(1) / lengths.clamp(min=1)
+        draws = max(1, round(self.cfg.cost_aware_fraction * batch.num_rows))
+        selected, weights = cost_aware_weights(per_row, lengths, draws)
+        batch.advantages = batch.advantages * weights.unsqueeze(1)
+        return {"cost_aware/selected_frac": float(selected.float().mean()),
+                "cost_aware/token_frac": float(lengths[selected].sum() / lengths.sum().clamp(min=1))}
 
     def objective(self, inputs: LossInputs, scale: AggScale) -> tuple[torch.Tensor, dict[str, float]]:
         """Scalar loss of one micro-batch, normalised by batch-level denominators.
