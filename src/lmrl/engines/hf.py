@@ -9,9 +9,9 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from transformers import DynamicCache
 
 from lmrl.engines.base import ENGINES, Completion, SamplingParams
+from lmrl.engines.kv_cache import decode_cache
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -37,6 +37,20 @@ def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None) -
     cdf = probs.double().cumsum(-1)
     u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64).to(probs.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
+
+
+def next_token_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """LM-head logits [N, V] for hidden states [N, H], as W·hᵀ when the head is a plain matrix.
+
+    With few rows (decoding), `linear(h, W)` runs at half the rate of `W @ hᵀ` on CPU BLAS (the
+    49k-row head dominates); heads with a bias or logit soft-capping go through the module.
+    """
+    head = model.get_output_embeddings()
+    plain = (type(head) is torch.nn.Linear and head.bias is None
+             and getattr(model.config, "final_logit_softcapping", None) is None)
+    if not plain:
+        return head(hidden)
+    return torch.mm(head.weight, hidden.t()).t().contiguous()
 
 
 @ENGINES.register("hf", "transformers model, shared prefill per prompt, KV-cached decoding, early exit at EOS")
@@ -96,10 +110,11 @@ class HFEngine:
             attn[i, width - len(p):] = 1
         ids, attn = ids.to(device), attn.to(device)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, cache=cache,
-                         use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1, :].float()
+        cache = decode_cache(self.model.config, reserve=params.max_new_tokens)
+        decoder = self.model.get_decoder()
+        hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=positions, cache=cache,
+                         use_cache=True).last_hidden_state
+        logits = next_token_logits(self.model, hidden[:, -1, :]).float()
         if n > 1:
             cache.batch_repeat_interleave(n)
             logits = logits.repeat_interleave(n, 0)
@@ -126,9 +141,9 @@ class HFEngine:
                 cache.batch_select_indices(idx)
                 active, chosen, attn, next_pos = active[idx], chosen[idx], attn[idx], next_pos[idx]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-            out = self.model(input_ids=chosen.unsqueeze(1), attention_mask=attn, position_ids=next_pos,
-                             cache=cache, use_cache=True)
-            logits = out.logits[:, -1, :].float()
+            hidden = decoder(input_ids=chosen.unsqueeze(1), attention_mask=attn, position_ids=next_pos,
+                             cache=cache, use_cache=True).last_hidden_state
+            logits = next_token_logits(self.model, hidden[:, -1, :]).float()
             next_pos = next_pos + 1
         return tokens, logprobs, stopped
 
