@@ -184,6 +184,9 @@ def child_lmrl(spec: dict) -> None:
               "tokens_from_mean_length": r["response_length/mean"] * spec["prompts"] * spec["group"],
               "reward": r.get("reward/mean"), "accuracy": r.get("accuracy")}
              for r in rows if "timing/step_s" in r]
+    if spec.get("save_models"):
+        stages.model.save_pretrained(Path(spec["save_models"]) / "lmrl")
+        stages.tokenizer.save_pretrained(Path(spec["save_models"]) / "lmrl")
     chan.send(event="done", side="lmrl", steps=steps, final_rss_mib=peak_rss_mib(),
               config_yaml=config_to_yaml(cfg))
 
@@ -379,6 +382,9 @@ def child_trl(spec: dict) -> None:
 
     trainer.add_callback(Gate())
     trainer.train()
+    if spec.get("save_models"):
+        trainer.save_model(str(Path(spec["save_models"]) / "trl"))
+        tokenizer.save_pretrained(str(Path(spec["save_models"]) / "trl"))
     chan.send(event="done", side="trl", final_rss_mib=peak_rss_mib(),
               logs=[h for h in trainer.state.log_history if "loss" in h])
 
@@ -607,6 +613,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="extra/overriding GRPOConfig argument (repeatable, YAML value), e.g. loss_type=grpo")
     p.add_argument("--out", type=Path, help="also write the markdown summary here")
     p.add_argument("--json", type=Path, help="also write every raw measurement here")
+    p.add_argument("--save-models", type=Path, help="save each side's final weights under DIR/lmrl and DIR/trl")
     p.add_argument("--keep", action="store_true", help="keep the temporary run directories and child logs")
     p.add_argument("--verbose", action="store_true", help="show the children's own output")
     p.add_argument("--child", choices=["lmrl", "trl"], help=argparse.SUPPRESS)
@@ -625,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
             "system_prompt": a.system_prompt, "prompts": a.prompts, "group": a.group,
             "max_new_tokens": a.max_new_tokens, "lr": a.lr, "temperature": a.temperature, "steps": a.steps,
             "warmup": a.warmup, "block": a.block, "seed": a.seed, "threads": a.threads,
-            "lmrl_overrides": a.lmrl_override, "trl_args": a.trl_arg, "workdir": str(workdir)}
+            "lmrl_overrides": a.lmrl_override, "trl_args": a.trl_arg, "workdir": str(workdir),
+            "save_models": str(a.save_models.resolve()) if a.save_models else None}
     names = [a.only] if a.only else ["lmrl", "trl"]
     print(f"vs_trl: work directory {workdir}", flush=True)
     rounds = []
