@@ -170,7 +170,7 @@ def gft_coefficients(probs: torch.Tensor, tau: float | torch.Tensor) -> torch.Te
     return probs / torch.maximum(probs, torch.as_tensor(tau, dtype=probs.dtype))
 
 
-@LOSSES.register("gft", "GFT: -sg[pi/max(pi, tau)]·A·logp, the policy gradient with the 1/pi weight capped at 1/tau")
+@LOSSES.register("gft", "GFT: -sg(pi/max(pi, tau))·A·logp, the policy gradient with the 1/pi weight capped at 1/tau")
 def gft(x: LossInputs, gft_tau: float = 0.1, gft_tau_quantile: float | None = None, **_):
     """GFT, Group Fine-Tuning (arXiv 2604.14258; spec §15). Confidence: low — reconstructed from the
     abstract.
