@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--lr", str(a.lr), "--save-models", str(work), "--json", str(raw)], check=True)
     rounds = json.loads(raw.read_text())["rounds"][0]
     train_s = {name: sum(s["step_s"] for s in rounds[name]["steps"]) for name in ("lmrl", "trl")}
+    inert = [s["inert_rows"] for s in rounds["lmrl"]["done"]["steps"] if s.get("inert_rows") is not None]
     print("grading the untrained model and both trained models on the held-out problems…", flush=True)
     accuracy = {"base": held_out_accuracy("default"), "lmrl": held_out_accuracy(str(work / "lmrl")),
                 "trl": held_out_accuracy(str(work / "trl"))}
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         f"| lmrl | {train_s['lmrl']:.0f} | {accuracy['lmrl']:.2f} |",
         f"| TRL | {train_s['trl']:.0f} | {accuracy['trl']:.2f} |",
         "",
-        f"lmrl / TRL training time: {train_s['lmrl'] / train_s['trl']:.2f}",
+        f"lmrl / TRL training time: {train_s['lmrl'] / train_s['trl']:.2f}. Rows lmrl's learner skipped as inert "
+        f"(equal rewards in their group, zero gradient): {sum(inert) / max(len(inert), 1):.0%} on average.",
     ]
     md = "\n".join(lines) + "\n"
     print(md)

@@ -182,7 +182,7 @@ def child_lmrl(spec: dict) -> None:
     steps = [{"step": r["step"], "step_s": r["timing/step_s"], "rollout_s": r["timing/rollout_s"],
               "tokens": round(r["tokens_per_s"] * r["timing/rollout_s"]),
               "tokens_from_mean_length": r["response_length/mean"] * spec["prompts"] * spec["group"],
-              "reward": r.get("reward/mean"), "accuracy": r.get("accuracy")}
+              "reward": r.get("reward/mean"), "accuracy": r.get("accuracy"), "inert_rows": r.get("inert_rows")}
              for r in rows if "timing/step_s" in r]
     if spec.get("save_models"):
         stages.model.save_pretrained(Path(spec["save_models"]) / "lmrl")
