@@ -6,7 +6,9 @@ Training runs through `vs_trl.py` (separate processes, alternating step by step,
 reward code) with the quickstart workload (8 prompts × 8 samples, 40 new tokens, lr 3e-5, 7 steps).
 Each side's final weights are saved and graded by `lmrl eval quickstart` (greedy, the 100 held-out
 problems, the quickstart's `answer` reward), as is the untrained model. The table gives the training
-time each side needed (sum of its step times) and the accuracy it reached.
+time each side needed (sum of its step times) and the accuracy it reached. Then lmrl alone trains
+`--lmrl-steps` steps (default twice as many) with an evaluation every `--steps` steps, giving the
+accuracy it reaches on a longer run and the training time it needed to get there.
 """
 from __future__ import annotations
 
@@ -31,6 +33,20 @@ def held_out_accuracy(model: str) -> float:
     return float(found.group(1))
 
 
+def lmrl_curve(steps: int, every: int, workdir: Path) -> list[tuple[int, float, float]]:
+    """(step, cumulative training seconds, held-out accuracy) at each in-run evaluation of a longer run."""
+    subprocess.run([sys.executable, "-m", "lmrl.cli", "train", "quickstart", f"trainer.steps={steps}",
+                    f"eval.every={every}", "eval.at_start=false", f"run.output_dir={workdir}", "run.name=long",
+                    "run.progress=false", "run.checkpoint_every=0"], check=True, capture_output=True)
+    rows = [json.loads(line) for line in (workdir / "long" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    elapsed, curve = 0.0, []
+    for r in rows:
+        elapsed += r.get("timing/step_s", 0.0)
+        if "eval/accuracy" in r:
+            curve.append((r["step"], elapsed, r["eval/accuracy"]))
+    return curve
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=7)
@@ -38,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=40)
     p.add_argument("--lr", type=float, default=3e-5)
+    p.add_argument("--lmrl-steps", type=int, help="steps of lmrl's longer run (default: 2 × --steps)")
     p.add_argument("--out", type=Path, help="also write the markdown table here")
     a = p.parse_args(argv)
 
@@ -52,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     print("grading the untrained model and both trained models on the held-out problems…", flush=True)
     accuracy = {"base": held_out_accuracy("default"), "lmrl": held_out_accuracy(str(work / "lmrl")),
                 "trl": held_out_accuracy(str(work / "trl"))}
+    curve = lmrl_curve(a.lmrl_steps or 2 * a.steps, a.steps, work)
     lines = [
         f"Quickstart task, GRPO, {a.prompts} prompts × {a.group} samples, {a.max_new_tokens} new tokens, "
         f"lr {a.lr}, {a.steps} steps; held-out greedy accuracy on the quickstart's 100 eval problems.",
@@ -61,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| untrained | 0 | {accuracy['base']:.2f} |",
         f"| lmrl | {train_s['lmrl']:.0f} | {accuracy['lmrl']:.2f} |",
         f"| TRL | {train_s['trl']:.0f} | {accuracy['trl']:.2f} |",
+        *[f"| lmrl, longer run, step {step} | {seconds:.0f} | {acc:.2f} |" for step, seconds, acc in curve],
         "",
         f"lmrl / TRL training time: {train_s['lmrl'] / train_s['trl']:.2f}. Rows lmrl's learner skipped as inert "
         f"(equal rewards in their group, zero gradient): {sum(inert) / max(len(inert), 1):.0%} on average.",
