@@ -1,4 +1,4 @@
-"""`lmrl train | eval | list | report | models`: the command line."""
+"""`lmrl train | eval | list | report | models | serve`: the command line."""
 from __future__ import annotations
 
 import argparse
