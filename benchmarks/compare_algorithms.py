@@ -6,8 +6,9 @@
 Every run is the quickstart recipe with `algo.preset=<name>` and `trainer.seed=<seed>` (the same
 prompts per seed across presets), evaluated greedily on the 100 held-out problems before and after.
 Reported per preset (mean ± spread over seeds): held-out accuracy after training, its gain over the
-untrained model, mean completion length and entropy over the run, and training wall time. The
-markdown table and a PNG plot (accuracy, length, entropy per step) go to `--out` and beside it.
+untrained model, mean completion length and rollout entropy (mean −log p of the sampled tokens)
+over the run, and training wall time. The markdown table and a PNG plot (accuracy, length,
+entropy per step) go to `--out` and beside it.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def run_one(preset: str, seed: int, steps: int, workdir: Path, extra: list[str])
         "acc_before": result.eval_before.get("eval/accuracy", float("nan")),
         "acc_after": result.eval_after.get("eval/accuracy", float("nan")),
         "length": [r.get("response_length/mean", float("nan")) for r in steps_rows],
-        "entropy": [r.get("entropy", float("nan")) for r in steps_rows],
+        "entropy": [r.get("entropy/rollout", float("nan")) for r in steps_rows],
         "train_acc": [r.get("accuracy", float("nan")) for r in steps_rows],
     }
 

@@ -147,3 +147,14 @@ def test_group_component_wrong_shape_excludes_group(monkeypatch):
     metrics = RewardScorer(cfg).score([g])
     assert all(s.excluded.startswith("reward short: wrong shape") for s in g.samples)
     assert metrics["excluded"] == 1.0
+
+
+def test_rollout_metrics_report_the_sampling_entropy_of_every_row():
+    from lmrl.loops.sync import rollout_metrics
+
+    a = Sample(prompt_ids=[1], completion_ids=[5, 6], behaviour_logprobs=[-1.0, -2.0], reward=1.0,
+               rewards={"answer": 1.0})
+    b = Sample(prompt_ids=[1], completion_ids=[7], behaviour_logprobs=[-3.0], reward=0.0, rewards={"answer": 0.0})
+    metrics = rollout_metrics([Group(uid="g", row={}, samples=[a, b])], "answer")
+    assert metrics["entropy/rollout"] == pytest.approx(2.0)
+    assert metrics["accuracy"] == 0.5 and metrics["response_length/mean"] == 1.5

@@ -64,6 +64,8 @@ def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, f
         "response_length/mean": sum(lengths) / len(lengths),
         "response_length/max": float(max(lengths)),
         "truncated": sum(x.finish_reason == "length" for x in samples) / len(samples),
+        # Monte-Carlo entropy of the sampling policy: mean -log p of the sampled tokens, every row
+        "entropy/rollout": -sum(sum(x.behaviour_logprobs) for x in samples) / max(sum(lengths), 1),
     }
     names = {k for x in scored for k in x.rewards}
     for name in sorted(names):
