@@ -27,7 +27,7 @@ MAX_TEXT_CHARS = 4000
 FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Reward", ("reward",)),
     ("Accuracy", ("accuracy", "acc/", "pass@", "avg@")),
-    ("Entropy", ("entropy",)),
+    ("Entropy", ("entropy", "entropy/rollout")),
     ("Response length", ("response_length", "length")),
     ("KL", ("kl",)),
     ("Clip fractions", ("clip",)),
