@@ -27,7 +27,7 @@ MAX_TEXT_CHARS = 4000
 FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Reward", ("reward",)),
     ("Accuracy", ("accuracy", "acc/", "pass@", "avg@")),
-    ("Entropy", ("entropy", "entropy/rollout")),
+    ("Entropy", ("entropy",)),
     ("Response length", ("response_length", "length")),
     ("KL", ("kl",)),
     ("Clip fractions", ("clip",)),
