@@ -45,3 +45,31 @@ def write_toy_task(path: Path, n: int = 64) -> Path:
     rows = [{"question": f"q{i % 10} say 7", "answer": "7"} for i in range(n)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def contains_seven(sample, **_):
+    """Toy reward of the tiny-model training tests: 1 if the completion contains a '7'."""
+    return float("7" in sample.info["text"])
+
+
+def toy_run_config(tmp_path, steps, dataset=None, num_eval=8, num_train=56, **sections):
+    """The tiny-model training config shared by the integration tests; `sections` update its sections."""
+    from lmrl.config import build_config
+    from lmrl.rewards import REWARD_FNS
+
+    if "contains_7" not in REWARD_FNS:
+        REWARD_FNS.register("contains_7", "toy reward for tests")(contains_seven)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    tree = {
+        "recipe": "toy",
+        "task": {"name": "jsonl", "dataset": str(dataset or write_toy_task(tmp_path / "toy.jsonl")),
+                 "system_prompt": None, "num_eval": num_eval, "num_train": num_train},
+        "reward": {"components": [{"name": "contains_7"}], "accuracy_component": "contains_7"},
+        "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": 6},
+        "trainer": {"steps": steps, "lr": 3e-3, "bf16": False, "seed": 1},
+        "eval": {"at_start": False, "at_end": False},
+        "run": {"output_dir": str(tmp_path / "runs"), "name": "toy", "progress": False, "checkpoint_every": 0},
+    }
+    for section, values in sections.items():
+        tree.setdefault(section, {}).update(values)
+    return build_config(tree)

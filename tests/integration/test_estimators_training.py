@@ -8,8 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import make_tokenizer
-from lmrl.config import build_config
+from conftest import make_tokenizer, toy_run_config
 from lmrl.learners.checkpoint import list_checkpoints
 from lmrl.loops import build_stages, train
 from lmrl.models import tiny_llama
@@ -17,8 +16,6 @@ from lmrl.rewards import REWARD_FNS
 
 DIGITS = [3 + 26, 3 + 26 + 10]  # token ids of '0'..'9' in the test tokenizer (speech tokens for ALPO)
 
-if "contains_7" not in REWARD_FNS:
-    REWARD_FNS.register("contains_7", "toy reward for tests")(lambda sample, **_: float("7" in sample.info["text"]))
 if "has_digit" not in REWARD_FNS:
     REWARD_FNS.register("has_digit", "toy reward for tests")(
         lambda sample, **_: float(any(c.isdigit() for c in sample.info["text"])))
@@ -33,20 +30,8 @@ def write_task(path, n=48):
 
 def toy_config(tmp_path, steps, algo, components=("contains_7",), **sections):
     tmp_path.mkdir(parents=True, exist_ok=True)
-    tree = {
-        "recipe": "toy",
-        "task": {"name": "jsonl", "dataset": str(write_task(tmp_path / "toy.jsonl")), "system_prompt": None,
-                 "num_eval": 4, "num_train": 44},
-        "reward": {"components": [{"name": c} for c in components], "accuracy_component": "contains_7"},
-        "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": 6},
-        "algo": algo,
-        "trainer": {"steps": steps, "lr": 3e-3, "bf16": False, "seed": 1},
-        "eval": {"at_start": False, "at_end": False},
-        "run": {"output_dir": str(tmp_path / "runs"), "name": "toy", "progress": False, "checkpoint_every": 0},
-    }
-    for section, values in sections.items():
-        tree.setdefault(section, {}).update(values)
-    return build_config(tree)
+    return toy_run_config(tmp_path, steps, dataset=write_task(tmp_path / "toy.jsonl"), num_eval=4, num_train=44,
+                          algo=algo, reward={"components": [{"name": c} for c in components]}, **sections)
 
 
 def stages_for(cfg, seed=0):

@@ -8,34 +8,13 @@ import math
 
 import pytest
 
-from conftest import make_tokenizer, write_toy_task
-from lmrl.config import build_config
+from conftest import make_tokenizer, toy_run_config
 from lmrl.loops import build_stages, train
 from lmrl.models import tiny_llama
-from lmrl.rewards import REWARD_FNS
-
-
-def _contains_seven(sample, **_):
-    return float("7" in sample.info["text"])
-
-
-if "contains_7" not in REWARD_FNS:
-    REWARD_FNS.register("contains_7", "toy reward for tests")(_contains_seven)
 
 
 def toy_config(tmp_path, steps, algo, trainer):
-    tree = {
-        "recipe": "toy",
-        "task": {"name": "jsonl", "dataset": str(write_toy_task(tmp_path / "toy.jsonl")), "system_prompt": None,
-                 "num_eval": 8, "num_train": 56},
-        "reward": {"components": [{"name": "contains_7"}], "accuracy_component": "contains_7"},
-        "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": 6},
-        "algo": algo,
-        "trainer": {"steps": steps, "lr": 3e-3, "bf16": False, "seed": 1, **trainer},
-        "eval": {"at_start": False, "at_end": False},
-        "run": {"output_dir": str(tmp_path / "runs"), "name": "toy", "progress": False, "checkpoint_every": 0},
-    }
-    return build_config(tree)
+    return toy_run_config(tmp_path, steps, algo=algo, trainer=trainer)
 
 
 def train_toy(tmp_path, algo, trainer, steps=15):

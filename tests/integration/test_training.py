@@ -4,37 +4,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_tokenizer, write_toy_task
-from lmrl.config import build_config
+from conftest import contains_seven, make_tokenizer, toy_run_config
 from lmrl.learners.checkpoint import list_checkpoints
 from lmrl.loops import build_stages, train
 from lmrl.models import tiny_llama
 from lmrl.rewards import REWARD_FNS
 
 
-def _contains_seven(sample, **_):
-    return float("7" in sample.info["text"])
-
-
-if "contains_7" not in REWARD_FNS:
-    REWARD_FNS.register("contains_7", "toy reward for tests")(_contains_seven)
-
-
 def toy_config(tmp_path, steps=12, **sections):
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    tree = {
-        "recipe": "toy",
-        "task": {"name": "jsonl", "dataset": str(write_toy_task(tmp_path / "toy.jsonl")), "system_prompt": None,
-                 "num_eval": 8, "num_train": 56},
-        "reward": {"components": [{"name": "contains_7"}], "accuracy_component": "contains_7"},
-        "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": 6},
-        "trainer": {"steps": steps, "lr": 3e-3, "bf16": False, "seed": 1},
-        "eval": {"at_start": False, "at_end": False},
-        "run": {"output_dir": str(tmp_path / "runs"), "name": "toy", "progress": False, "checkpoint_every": 0},
-    }
-    for section, values in sections.items():
-        tree.setdefault(section, {}).update(values)
-    return build_config(tree)
+    return toy_run_config(tmp_path, steps, **sections)
 
 
 def stages_for(cfg):
@@ -118,7 +96,7 @@ def test_excluded_samples_do_not_stop_training(tmp_path, monkeypatch):
         calls["n"] += 1
         if calls["n"] % 5 == 0:
             raise RuntimeError("flaky verifier")
-        return _contains_seven(sample)
+        return contains_seven(sample)
 
     monkeypatch.setitem(REWARD_FNS._items, "contains_7", sometimes_raises)
     cfg = toy_config(tmp_path, steps=2)
