@@ -1,14 +1,19 @@
 """Train each preset for the same budget on the quickstart task, several seeds, and compare.
 
-    python benchmarks/compare_algorithms.py --presets grpo dr_grpo dapo gspo --seeds 0 1 --steps 7
-    python benchmarks/compare_algorithms.py --out docs/algorithms.md     # all presets, table + plot
+    python benchmarks/compare_algorithms.py --presets grpo dr_grpo dapo --seeds 0 1 --results r.json
+    python benchmarks/compare_algorithms.py --report r.json --out docs/algorithms_table.md   # table + plot only
 
 Every run is the quickstart recipe with `algo.preset=<name>` and `trainer.seed=<seed>` (the same
-prompts per seed across presets), evaluated greedily on the 100 held-out problems before and after.
-Reported per preset (mean ± spread over seeds): held-out accuracy after training, its gain over the
-untrained model, mean completion length and rollout entropy (mean −log p of the sampled tokens)
-over the run, and training wall time. The markdown table and a PNG plot (accuracy, length,
-entropy per step) go to `--out` and beside it.
+prompts per seed across presets), graded greedily on the 100 held-out problems after training. The
+untrained model is graded once (greedy decoding does not depend on the seed or the preset) and
+stored as the `baseline` entry. Results accumulate in `--results` (a JSON list, written after every
+run): runs already there are skipped, so an interrupted comparison resumes, and several processes
+(e.g. one per seed, `--threads 1` each) can fill separate files that `--report` merges.
+
+Reported per preset (mean ± standard deviation over seeds): held-out accuracy after training, its
+gain over the untrained model, mean completion length and rollout entropy (mean −log p of the
+sampled tokens) over the run, and training wall time. The markdown table and a PNG plot (training
+accuracy, length, entropy per step) go to `--out` and beside it.
 """
 from __future__ import annotations
 
@@ -20,49 +25,72 @@ import sys
 import tempfile
 from pathlib import Path
 
+PRESETS_OFF_TASK = {"gdpo", "rvpo", "xgrpo", "alpo", "prpo", "p_grpo"}  # need components or task fields
 
-def run_one(preset: str, seed: int, steps: int, workdir: Path, extra: list[str]) -> dict:
-    """Train one preset with one seed; returns its evaluation and per-step curves."""
+
+def _config(preset: str, seed: int, steps: int, workdir: Path, extra: list[str], at_start: bool):
     from lmrl.config import load_config
+
+    return load_config("quickstart", [f"algo.preset={preset}", f"trainer.seed={seed}", f"trainer.steps={steps}",
+                                      f"run.output_dir={workdir}", f"run.name={preset}-seed{seed}",
+                                      "run.progress=false", f"eval.at_start={str(at_start).lower()}", *extra])
+
+
+def run_one(preset: str, seed: int, steps: int, workdir: Path, extra: list[str], baseline: bool) -> list[dict]:
+    """Train one preset with one seed; returns its record (and the baseline's when `baseline`)."""
     from lmrl.loops.sync import train
 
-    cfg = load_config("quickstart", [f"algo.preset={preset}", f"trainer.seed={seed}", f"trainer.steps={steps}",
-                                     f"run.output_dir={workdir}", f"run.name={preset}-seed{seed}",
-                                     "run.progress=false", *extra])
-    result = train(cfg)
+    result = train(_config(preset, seed, steps, workdir, extra, at_start=baseline))
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps_rows = [r for r in rows if "timing/step_s" in r]
-    return {
-        "preset": preset, "seed": seed, "train_s": result.train_seconds,
-        "acc_before": result.eval_before.get("eval/accuracy", float("nan")),
+    record = {
+        "preset": preset, "seed": seed, "steps": steps, "train_s": result.train_seconds,
         "acc_after": result.eval_after.get("eval/accuracy", float("nan")),
         "length": [r.get("response_length/mean", float("nan")) for r in steps_rows],
         "entropy": [r.get("entropy/rollout", float("nan")) for r in steps_rows],
         "train_acc": [r.get("accuracy", float("nan")) for r in steps_rows],
     }
+    out = [record]
+    if baseline:
+        out.append({"preset": "baseline", "seed": None, "acc": result.eval_before.get("eval/accuracy", float("nan"))})
+    return out
 
 
-def _mean_spread(values: list[float]) -> str:
+def _mean_spread(values: list[float], digits: int = 3) -> str:
     values = [v for v in values if math.isfinite(v)]
     if not values:
         return "n/a"
     if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def _runs(results: list[dict]) -> list[dict]:
+    return [r for r in results if r["preset"] != "baseline"]
+
+
+def baseline_accuracy(results: list[dict]) -> float:
+    accs = [r["acc"] for r in results if r["preset"] == "baseline"]
+    return accs[0] if accs else float("nan")
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| preset | seeds | held-out acc. after | gain | mean length | mean entropy | train time (s) |",
+    """One row per preset, sorted by mean held-out accuracy after training."""
+    base = baseline_accuracy(results)
+    runs = _runs(results)
+    presets = sorted(dict.fromkeys(r["preset"] for r in runs),
+                     key=lambda p: -statistics.mean(r["acc_after"] for r in runs if r["preset"] == p))
+    lines = ["| preset | seeds | held-out acc. after | gain | mean length | mean rollout entropy | train time (s) |",
              "|---|---:|---:|---:|---:|---:|---:|"]
-    for preset in dict.fromkeys(r["preset"] for r in results):
-        rs = [r for r in results if r["preset"] == preset]
+    for preset in presets:
+        rs = [r for r in runs if r["preset"] == preset]
         lines.append(" | ".join([
-            f"| {preset}", str(len(rs)), _mean_spread([r["acc_after"] for r in rs]),
-            _mean_spread([r["acc_after"] - r["acc_before"] for r in rs]),
-            _mean_spread([statistics.mean(r["length"]) for r in rs]),
-            _mean_spread([statistics.mean(r["entropy"]) for r in rs]),
-            _mean_spread([r["train_s"] for r in rs])]) + " |")
-    return "\n".join(lines) + "\n"
+            f"| {preset}", str(len(rs)), _mean_spread([r["acc_after"] for r in rs], 2),
+            _mean_spread([r["acc_after"] - base for r in rs], 2),
+            _mean_spread([statistics.mean(r["length"]) for r in rs], 1),
+            _mean_spread([statistics.mean(r["entropy"]) for r in rs], 2),
+            _mean_spread([r["train_s"] for r in rs], 0)]) + " |")
+    return f"Untrained model: held-out accuracy {base:.2f}.\n\n" + "\n".join(lines) + "\n"
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -71,46 +99,84 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for preset in dict.fromkeys(r["preset"] for r in results):
-        rs = [r for r in results if r["preset"] == preset]
+    runs = _runs(results)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    cmap = plt.get_cmap("tab20")
+    for i, preset in enumerate(sorted(dict.fromkeys(r["preset"] for r in runs))):
+        rs = [r for r in runs if r["preset"] == preset]
         for ax, key in zip(axes, ("train_acc", "length", "entropy")):
             curve = [statistics.mean(vals) for vals in zip(*(r[key] for r in rs))]
-            ax.plot(range(1, len(curve) + 1), curve, label=preset)
-    for ax, title in zip(axes, ("training accuracy", "mean completion length", "entropy")):
+            ax.plot(range(1, len(curve) + 1), curve, label=preset, color=cmap(i % 20),
+                    linestyle="-" if i < 10 else "--")
+    for ax, title in zip(axes, ("training accuracy (mean over seeds)", "mean completion length", "rollout entropy")):
         ax.set_title(title)
         ax.set_xlabel("step")
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def load_results(paths: list[Path]) -> list[dict]:
+    merged: list[dict] = []
+    for path in paths:
+        if path.exists():
+            merged += json.loads(path.read_text())
+    return merged
+
+
+def write_report(results: list[dict], out: Path) -> str:
+    md = table(results)
+    png = out.with_suffix(".png")
+    plot(results, png)
+    steps = sorted({r["steps"] for r in _runs(results)})
+    seeds = sorted({r["seed"] for r in _runs(results)})
+    out.write_text(f"Quickstart task, {steps} steps, seeds {seeds}.\n\n{md}\n![curves]({png.name})\n")
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    return md
 
 
 def main(argv: list[str] | None = None) -> int:
     from lmrl.config import PRESETS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--presets", nargs="*", default=sorted(PRESETS))
+    p.add_argument("--presets", nargs="*", default=sorted(set(PRESETS) - PRESETS_OFF_TASK))
     p.add_argument("--seeds", nargs="*", type=int, default=[0, 1])
     p.add_argument("--steps", type=int, default=7)
+    p.add_argument("--threads", type=int, help="torch threads per run (default: torch's choice)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="extra config override")
+    p.add_argument("--results", type=Path, help="JSON file the runs accumulate in (runs already there are skipped)")
+    p.add_argument("--report", type=Path, nargs="*", help="only merge these result files into --out")
     p.add_argument("--out", type=Path, help="write the table here (and the plot beside it as a .png)")
     a = p.parse_args(argv)
+    if a.report is not None:
+        if not a.out:
+            p.error("--report needs --out")
+        print(write_report(load_results(a.report), a.out))
+        return 0
     unknown = [name for name in a.presets if name not in PRESETS]
     if unknown:
         p.error(f"unknown presets {unknown}; known: {', '.join(sorted(PRESETS))}")
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    results = load_results([a.results]) if a.results else []
+    done = {(r["preset"], r["seed"], r.get("steps")) for r in results}
     workdir = Path(tempfile.mkdtemp(prefix="lmrl-compare-"))
-    results = []
     for preset in a.presets:
         for seed in a.seeds:
+            if (preset, seed, a.steps) in done:
+                continue
+            need_baseline = not any(r["preset"] == "baseline" for r in results)
             print(f"training {preset} seed {seed}…", flush=True)
-            results.append(run_one(preset, seed, a.steps, workdir, a.override))
-    md = table(results)
-    print(md)
+            results += run_one(preset, seed, a.steps, workdir, a.override, need_baseline)
+            print(f"  held-out accuracy {results[-1 - need_baseline]['acc_after']:.2f}, "
+                  f"{results[-1 - need_baseline]['train_s']:.0f} s", flush=True)
+            if a.results:
+                a.results.write_text(json.dumps(results, indent=1))
+    print(table(results))
     if a.out:
-        png = a.out.with_suffix(".png")
-        plot(results, png)
-        a.out.write_text(f"Quickstart task, {a.steps} steps, seeds {a.seeds}.\n\n{md}\n![curves]({png.name})\n")
-        (a.out.with_suffix(".json")).write_text(json.dumps(results, indent=1))
+        write_report(results, a.out)
     return 0
 
 

@@ -199,6 +199,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "p_grpo": {"algo.advantage": "p_grpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
     "cost_aware_grpo": {"algo.advantage": "grpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean",
                         "algo.cost_aware_fraction": 0.5},
+    "htpo": {"algo.advantage": "grpo", "algo.loss": "htpo", "algo.aggregation": "token_mean", "algo.kl_coef": 0.0},
+    "cispo": {"algo.advantage": "grpo", "algo.loss": "cispo", "algo.eps_low": 1.0, "algo.eps_high": 0.28,
+              "algo.aggregation": "token_mean"},
+    "sapo": {"algo.advantage": "grpo", "algo.loss": "sapo", "algo.aggregation": "token_mean"},
+    "grpo_or": {"algo.advantage": "grpo", "algo.loss": "output_reset", "algo.aggregation": "token_mean"},
+    "gft": {"algo.advantage": "grpo", "algo.loss": "gft", "algo.aggregation": "token_mean"},
+    "acrl": {"algo.advantage": "grpo", "algo.loss": "acrl", "algo.aggregation": "token_mean"},
+    "hargo": {"algo.advantage": "hargo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
 }
 PRESET_DESCRIPTIONS = {
     "grpo": "GRPO: group-normalised advantages, PPO clip, token-mean",
@@ -219,6 +227,13 @@ PRESET_DESCRIPTIONS = {
     "prpo": "PRPO: GRPO within each permutation plus GRPO of permutation means (task fields)",
     "p_grpo": "P-GRPO: GRPO advantages reweighted per token by PMI with the evidence (task field without it)",
     "cost_aware_grpo": "Cost-Aware GRPO: train on half the rows, drawn by |A|/sqrt(length), importance-weighted",
+    "htpo": "HTPO: clip bounds and loss weights by token entropy and prompt difficulty (DAPO-style clip)",
+    "cispo": "CISPO: REINFORCE with the IS weight clipped (at 1.28) and detached; no token loses its gradient",
+    "sapo": "SAPO: soft sigmoid gate on the ratio instead of a hard clip, sharper for negative advantages",
+    "grpo_or": "GRPO-OR (Output Reset): one-sided squared pull of the log-ratio to a margin, no clip",
+    "gft": "GFT: policy gradient with the 1/pi weight capped at 1/tau (tau = 0.1)",
+    "acrl": "ACRL: PPO clip plus masking of tokens whose train/rollout ratio leaves [1/c, c] (c = 2)",
+    "hargo": "HARGO: GRPO advantages boosted by group contrast x reference doubt, group-softmax weighted",
 }
 
 

@@ -97,3 +97,23 @@ def test_ppo_resume_restores_the_value_head(tmp_path):
     assert torch.allclose(full.learner.value_head.weight, resumed.learner.value_head.weight, atol=1e-6)
     for a, b in zip(full.model.parameters(), resumed.model.parameters()):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_resume_restores_method_state(tmp_path):
+    """GEPO's entropy history and ACRL's band continue after a resume exactly as without it."""
+    algo = {"advantage": "gepo", "loss": "acrl", "loss_params": {"acrl_d_low": 1.0, "acrl_d_high": 1.0}}
+    full_cfg = toy_config(tmp_path / "a", 4, algo)
+    full = stages_for(full_cfg)
+    train(full_cfg, stages=full)
+    half_cfg = toy_config(tmp_path / "b", 2, algo, run={"checkpoint_every": 1})
+    first = train(half_cfg, stages=stages_for(half_cfg))
+    rest_cfg = toy_config(tmp_path / "b", 4, algo, run={"checkpoint_every": 1})
+    resumed = stages_for(rest_cfg, seed=5)
+    train(rest_cfg, resume=first.run_dir, stages=resumed)
+    assert full.algorithm.states["loss"].controller.band > 2.0  # the band did move (D < d_low: widened)
+    assert resumed.algorithm.states["loss"].controller.band == pytest.approx(full.algorithm.states["loss"].controller.band)
+    stats_full, stats_resumed = full.algorithm.states["advantage"].stats, resumed.algorithm.states["advantage"].stats
+    assert stats_resumed.mean == pytest.approx(stats_full.mean, rel=1e-5)
+    assert stats_resumed.var == pytest.approx(stats_full.var, rel=1e-4)
+    for a, b in zip(full.model.parameters(), resumed.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)

@@ -1,5 +1,6 @@
 """The real loop on a tiny random model with the losses of methods_control / methods_group that the
-loop can feed today (output_reset, gft, acrl): reward rises on a toy task, and each method's own
+loop can feed (output_reset, gft, acrl with its adaptive band, gepo with its entropy history, pipo
+with its replay of the previous batch, the χ² regulariser): reward rises on a toy task, and each method's own
 metrics reach the run's metrics file."""
 from __future__ import annotations
 
@@ -30,11 +31,14 @@ def train_toy(tmp_path, algo, trainer, steps=15):
 METHODS = [
     ({"loss": "output_reset", "loss_params": {"or_margin": 0.2}}, {"mini_batches": 2}, "or/active_frac"),
     ({"loss": "gft", "loss_params": {"gft_tau": 0.1}}, {}, "gft/coef_mean"),
-    ({"loss": "acrl", "loss_params": {"acrl_band": 2.0}}, {}, "acrl/discrepancy"),
+    ({"loss": "acrl", "loss_params": {"acrl_band": 2.0}}, {}, "acrl/next_band"),
+    ({"advantage": "gepo", "advantage_params": {"entropy_decay": 0.9}}, {}, "gepo/entropy_std"),
+    ({"advantage": "pipo"}, {}, "replay/grad_norm"),
+    ({"kl_estimator": "f_chi2", "kl_coef": 0.05}, {}, "kl"),
 ]
 
 
-@pytest.mark.parametrize("algo, trainer, metric", METHODS, ids=[a["loss"] for a, _, _ in METHODS])
+@pytest.mark.parametrize("algo, trainer, metric", METHODS, ids=[a.get("loss", a.get("advantage", a.get("kl_estimator"))) for a, _, _ in METHODS])
 def test_tiny_model_learns_toy_task(tmp_path, algo, trainer, metric):
     rows = [r for r in train_toy(tmp_path, algo, trainer) if "reward/mean" in r]
     rewards = [r["reward/mean"] for r in rows]

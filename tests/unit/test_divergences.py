@@ -99,3 +99,29 @@ def test_estimators_vanish_at_equal_policies_and_clamp():
     for kind in F:
         assert DIVERGENCES.get(kind)(logp, logp).abs().max().item() == 0.0
         assert DIVERGENCES.get(kind)(torch.tensor([0.0]), torch.tensor([-50.0])).item() <= 10.0
+
+
+F = {"reverse_kl": lambda u: u * torch.log(u), "forward_kl": lambda u: -torch.log(u), "chi2": lambda u: (u - 1) ** 2}
+
+
+@pytest.mark.parametrize("kind", sorted(F))
+def test_regulariser_gradient_is_the_exact_gradient_of_the_divergence(kind):
+    """E_{a~π}[∇ regulariser(a)] over all four actions equals ∇ Σ π₀ f(π/π₀); without the
+    score-function term it would not (for reverse KL the plain term's expected gradient is 0)."""
+    from lmrl.algos.kl import KL_ESTIMATORS
+
+    theta = torch.tensor([0.3, -0.5, 1.1, 0.0], dtype=torch.float64, requires_grad=True)
+    ref = torch.log_softmax(torch.tensor([0.0, 0.4, -0.2, 0.1], dtype=torch.float64), 0)
+    logp = torch.log_softmax(theta, 0)
+    exact = (ref.exp() * F[kind](torch.exp(logp - ref))).sum()
+    (want,) = torch.autograd.grad(exact, theta)
+    reg = KL_ESTIMATORS.get(f"f_{kind}")
+    logp = torch.log_softmax(theta, 0)
+    values = reg(logp, ref)
+    (got,) = torch.autograd.grad((logp.exp().detach() * values).sum(), theta)
+    assert torch.allclose(got, want, atol=1e-10)
+    assert float((logp.exp() * values).sum()) == pytest.approx(float(exact), rel=1e-9)  # value: unbiased D_f
+    plain = DIVERGENCES.get(kind)
+    logp = torch.log_softmax(theta, 0)
+    (pathwise,) = torch.autograd.grad((logp.exp().detach() * plain(logp, ref)).sum(), theta)
+    assert not torch.allclose(pathwise, want, atol=1e-3)

@@ -185,13 +185,14 @@ def test_policy_improvement_monitor_keeps_the_last_k_means():
         PolicyImprovementMonitor(size=1)
 
 
-def test_pipo_missing_inputs_are_named_and_the_config_check_refuses_it():
+def test_pipo_normal_step_is_the_base_and_a_half_given_verdict_input_is_named():
     mask = torch.ones(2, 1)
+    rewards = torch.tensor([[1.0], [0.0]])
+    normal = ADVANTAGES.get("pipo")(rewards, torch.tensor([0, 0]), mask)
+    assert torch.equal(normal, ADVANTAGES.get("grpo")(rewards, torch.tensor([0, 0]), mask))
     with pytest.raises(ValueError, match="reward_window"):
         ADVANTAGES.get("pipo")(mask, torch.tensor([0, 0]), mask, current_reward_mean=0.5)
-    assert ADVANTAGES.get("pipo").requires == {"reward_window", "current_reward_mean"}
-    with pytest.raises(ConfigError, match="reward_window"):
-        check_names(build_config({"algo": {"advantage": "pipo"}}))
+    check_names(build_config({"algo": {"advantage": "pipo", "advantage_params": {"pipo_window": 3}}}))
 
 
 def test_control_losses_are_marked_row_local():

@@ -3,7 +3,8 @@
 It turns a rollout batch into per-token advantages (`prepare`) and defines the objective the
 learner minimises (`objective`). The learner only sees these methods and what the algorithm
 declares it needs (`prepare_outputs`: model outputs before `prepare`; `needs`: model outputs in the
-training forward; `critic`: a value head), never the names.
+training forward; `critic`: a value head), never the names. Methods with state between steps
+(`algos/state.py`) are driven through `after_update` and `replays`.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from lmrl.algos.kl import KL_ESTIMATORS, k1
 from lmrl.algos.losses import LOSSES, LossInputs
 from lmrl.algos.methods_critic import clipped_value_loss, explained_variance
 from lmrl.algos.shaping import overlong_penalty
+from lmrl.algos.state import build_state
 from lmrl.config import AlgoConfig
 from lmrl.types import Batch
 
@@ -36,6 +38,9 @@ class Algorithm:
         self.kl_fn = KL_ESTIMATORS.get(self.cfg.kl_estimator)
         token_mask = getattr(self.loss_fn, "token_mask", None)
         self.token_mask_fn = token_mask if self.cfg.rejected_tokens == "drop" else None
+        advantage_state, self.advantage_knobs = build_state(self.advantage_fn, self.cfg.advantage_params)
+        loss_state, self.loss_knobs = build_state(self.loss_fn, self.cfg.loss_params)
+        self.states = {name: st for name, st in (("advantage", advantage_state), ("loss", loss_state)) if st is not None}
 
     @property
     def requires(self) -> set[str]:
@@ -93,7 +98,7 @@ class Algorithm:
         return AggScale.of(mask, self.cfg.horizon or self.max_new_tokens)
 
     def _keep(self, old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        knobs = {"eps_low": self.cfg.eps_low, "eps_high": self.cfg.eps_high, **self.cfg.loss_params}
+        knobs = {"eps_low": self.cfg.eps_low, "eps_high": self.cfg.eps_high, **self.loss_knobs}
         return self.token_mask_fn(old_logp, rollout_logp, mask, **knobs).to(mask.dtype)
 
     def aggregation_mask(self, batch: Batch) -> torch.Tensor:
@@ -108,7 +113,40 @@ class Algorithm:
         return mask * self._keep(batch.extras["old_logp"], batch.extras["rollout_logp"], mask)
 
     def prepare(self, batch: Batch) -> dict[str, float]:
-        """Shape rewards and fill `batch.advantages` (uses `batch.extras['ref_logp']` if present)."""
+        """Shape rewards and fill `batch.advantages` (uses `batch.extras['ref_logp']` if present).
+
+        Stateful methods first put their inputs into the batch (`before_prepare`)."""
+        for state in self.states.values():
+            if hasattr(state, "before_prepare"):
+                state.before_prepare(batch)
+        return self._prepare(batch)
+
+    def after_update(self, batch: Batch, metrics: dict[str, float]) -> dict[str, float]:
+        """Stateful methods learn from the finished update (e.g. a controller reads a metric)."""
+        out: dict[str, float] = {}
+        for state in self.states.values():
+            if hasattr(state, "after_update"):
+                out.update(state.after_update(batch, metrics))
+        return out
+
+    def replays(self, batch: Batch) -> list[Batch]:
+        """Prepared batches for extra updates after `batch`'s (e.g. PIPO's replay of the previous batch)."""
+        out = []
+        for state in self.states.values():
+            extra = state.replay(batch) if hasattr(state, "replay") else None
+            if extra is not None:
+                self._prepare(extra)
+                out.append(extra)
+        return out
+
+    def state_dict(self) -> dict:
+        return {name: st.state_dict() for name, st in self.states.items() if hasattr(st, "state_dict")}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, value in state.items():
+            self.states[name].load_state_dict(value)
+
+    def _prepare(self, batch: Batch) -> dict[str, float]:
         mask = batch.completion_mask
         rewards = batch.sequence_rewards.clone()
         metrics: dict[str, float] = {}
@@ -123,7 +161,7 @@ class Algorithm:
             kl = k1(batch.behaviour_logprobs, batch.extras["ref_logp"]) * mask
             token_rewards = token_rewards - self.cfg.kl_coef * kl
             metrics["kl_in_reward"] = float(kl.sum() / mask.sum().clamp(min=1))
-        knobs = self.cfg.advantage_params
+        knobs = self.advantage_knobs
         required = requirements(self.advantage_fn)
         inputs = {**optional_inputs(self.advantage_fn, required, batch, knobs), **gather(required, batch, knobs)}
         batch.advantages = self.advantage_fn(token_rewards, batch.group_index, mask, **inputs, **knobs)
@@ -142,7 +180,7 @@ class Algorithm:
         """Value targets of a critic-based estimator; the prepare-time values become `old_values`."""
         values = batch.extras.pop("values")
         mask = batch.completion_mask
-        returns = self.advantage_fn.value_targets(token_rewards, values, mask, **self.cfg.advantage_params)
+        returns = self.advantage_fn.value_targets(token_rewards, values, mask, **self.advantage_knobs)
         batch.extras.update(old_values=values, returns=returns)
         valid = mask > 0
         return {"critic/explained_variance": explained_variance(returns, values, mask),
@@ -172,7 +210,7 @@ class Algorithm:
         denominators in `scale` were computed from the same mask over the whole mini-batch.
         """
         token_loss, metrics = self.loss_fn(inputs, eps_low=self.cfg.eps_low, eps_high=self.cfg.eps_high,
-                                           dual_clip=self.cfg.dual_clip, **self.cfg.loss_params)
+                                           dual_clip=self.cfg.dual_clip, **self.loss_knobs)
         metrics = dict(metrics)
         mask = inputs.mask
         if self.token_mask_fn is not None:

@@ -79,3 +79,31 @@ def optimal_policy(pi0: torch.Tensor, r: torch.Tensor, eta: float, kind: str,
     lam = (lo + hi) / 2
     pi = tilt(hi)
     return (pi / pi.sum(dim=-1, keepdim=True)).to(pi0.dtype), lam.to(pi0.dtype)
+
+
+def _as_regulariser(name: str):
+    """D_f as a loss term: the low-variance estimate with an exact-in-expectation gradient.
+
+    Samples come from π itself, so ∇E_π[g] = E_π[∇g + g·∇log π]: the term g + sg(g)·(logp − sg(logp))
+    has the value g and that gradient (per token, each token's distribution taken on its own, as the
+    KL terms of GRPO are). Used with `algo.kl_coef` = η⁻¹ through the KL estimator registry.
+    """
+    divergence = DIVERGENCES.get(name)
+
+    def regulariser(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+        value = divergence(logp, ref_logp)
+        return value + value.detach() * (logp - logp.detach())
+
+    return regulariser
+
+
+def _register_regularisers() -> None:
+    from lmrl.algos.kl import KL_ESTIMATORS
+
+    for name in DIVERGENCES.names():
+        KL_ESTIMATORS.register(f"f_{name}", f"f-divergence regulariser D_f(π‖π_ref), f = {name}, "
+                                            "low-variance estimate with the score-function gradient term")(
+            _as_regulariser(name))
+
+
+_register_regularisers()

@@ -201,7 +201,7 @@ class PolicyImprovementMonitor:
         self.window = [float(v) for v in state["window"]][-self.size:]
 
 
-@ADVANTAGES.register("pipo", "PIPO: verdict ξ of the batch-mean reward window x a base advantage (replay step)")
+@ADVANTAGES.register("pipo", "PIPO: base advantages, plus a replay of the previous batch with verdict ξ x its advantages")
 def pipo(token_rewards, group_index, mask, reward_window=None, current_reward_mean=None, base: str = "grpo",
          eps: float = 1e-6, verdict_clip: float | None = None, **knobs):
     """PIPO, Policy Improvement PO (arXiv 2604.00860; spec §16). Confidence: medium-low — μ_his and ξ
@@ -209,20 +209,23 @@ def pipo(token_rewards, group_index, mask, reward_window=None, current_reward_me
 
     What: for the replay step on the previous batch B_{t−1} (its rewards in `token_rewards`),
     A^PI = ξ_t·Â_{t−1}, Â from the `base` estimator (remaining knobs go to it) and ξ_t from
-    `pipo_verdict(reward_window, current_reward_mean)`. Why: a closed loop that checks whether the
-    last update improved the batch reward and reinforces it (ξ > 0) or undoes it (ξ < 0).
+    `pipo_verdict(reward_window, current_reward_mean)`. Without those two inputs (the normal step
+    on B_t) it returns Â. Why: a closed loop that checks whether the last update improved the batch
+    reward and reinforces it (ξ > 0) or undoes it (ξ < 0).
 
     r^PI is used directly as the advantage (it is already centred per group; renormalising it would
-    cancel the size of ξ). Inputs: `reward_window` (the K earlier batch-mean rewards) and
-    `current_reward_mean` (μ_t); the loop must also keep B_{t−1} and take the extra step on it.
+    cancel the size of ξ). In the loop, `PipoReplay` (`algos/state.py`) keeps the window and
+    B_{t−1} and asks for the replay update.
     """
     if base == "pipo":
         raise ValueError("pipo needs a different base estimator")
+    advantages = ADVANTAGES.get(base)(token_rewards, group_index, mask, **knobs)
+    if reward_window is None and current_reward_mean is None:
+        return advantages
     xi = pipo_verdict(_required("reward_window", reward_window),
                       float(_required("current_reward_mean", current_reward_mean)), eps, verdict_clip)
-    return xi * ADVANTAGES.get(base)(token_rewards, group_index, mask, **knobs)
+    return xi * advantages
 
 
-pipo.requires = {"reward_window", "current_reward_mean"}
 for _loss in (output_reset, acrl):
     _loss.zero_at_zero_advantage = True  # row-local and zero where A = 0: the learner may skip such rows

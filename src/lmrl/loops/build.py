@@ -5,6 +5,7 @@ import inspect
 
 from lmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from lmrl.algos.inputs import ALIASES, INPUT_KNOBS, MODEL_OUTPUTS, ROW_FIELD_INPUTS
+from lmrl.algos.state import state_knobs
 from lmrl.config import Config, ConfigError
 from lmrl.data import GROUP_FILTERS, SAMPLERS
 from lmrl.engines import ENGINES
@@ -15,11 +16,10 @@ from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
 
 # Inputs the synchronous loop provides to estimators and losses (see `lmrl.algos.inputs`): per-token
 # and per-row `extras`, `row_extras` (reward components, task row fields), `context` (step, total
-# steps, batch entropy), and model outputs the learner computes. "token_entropy" is computed by the
-# learner but not offered as an estimator input yet.
+# steps, batch entropy), and model outputs the learner computes.
 LOOP_INPUTS = ({"acc", "group_acc", "rollout_logp", "ref_logp", "old_logp", "reward_components", "step",
                 "total_steps", "entropy", "acoustic_rewards", "speech_mask", "pmi"}
-               | set(ALIASES) | (MODEL_OUTPUTS - {"token_entropy"}) | ROW_FIELD_INPUTS)
+               | set(ALIASES) | MODEL_OUTPUTS | ROW_FIELD_INPUTS)
 
 
 def _unknown_knobs(fn, given: dict) -> list[str]:
@@ -28,7 +28,7 @@ def _unknown_knobs(fn, given: dict) -> list[str]:
     catch_all = [p for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
     if catch_all and catch_all[0].name != "_":
         return []
-    return sorted(k for k in given if k not in params and k not in INPUT_KNOBS)
+    return sorted(k for k in given if k not in params and k not in INPUT_KNOBS and k not in state_knobs(fn))
 
 
 def check_combinations(cfg: Config) -> None:

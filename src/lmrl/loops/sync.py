@@ -156,6 +156,7 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
         s.sampler.load_state_dict(state["sampler"])
         restore_rng(state["rng"], gens)
         start = state["step"]
+        s.algorithm.load_state_dict(state.get("algorithm", {}))
         result.eval_before = state.get("eval_before", {})
         s.engine.update_weights(None, start)
         run.truncate_after(start)
@@ -179,7 +180,7 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
 
     if start == 0 and cfg.eval.at_start and s.eval_rows:
         result.eval_before = evaluate_now(0)
-    boundary = {"sampler": s.sampler.state_dict(), "rng": rng_state(gens)}
+    boundary = {"sampler": s.sampler.state_dict(), "rng": rng_state(gens), "algorithm": s.algorithm.state_dict()}
     done, saved, updates_at_boundary = start, start, s.learner.optimizer_steps
     progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress)
     try:
@@ -197,12 +198,16 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
                     fill_inputs(s, batch, kept, step)
                     metrics.update(s.algorithm.prepare(batch))
                     metrics.update(s.learner.update(batch, s.algorithm))
+                    metrics.update(s.algorithm.after_update(batch, metrics))
+                    for extra in s.algorithm.replays(batch):
+                        metrics.update({f"replay/{k}": v for k, v in s.learner.update(extra, s.algorithm).items()})
                     s.engine.update_weights(None, step)
                 else:
                     metrics["skipped_updates"] = 1.0
                 t_train = time.perf_counter() - t1
                 done, updates_at_boundary = step, s.learner.optimizer_steps
-                boundary = {"sampler": s.sampler.state_dict(), "rng": rng_state(gens)}
+                boundary = {"sampler": s.sampler.state_dict(), "rng": rng_state(gens),
+                            "algorithm": s.algorithm.state_dict()}
                 result.train_seconds += time.perf_counter() - t0
                 metrics.update({"timing/rollout_s": t_rollout, "timing/train_s": t_train,
                                 "timing/step_s": time.perf_counter() - t0, "tokens_per_s": generated / t_rollout,
