@@ -39,6 +39,9 @@ class TaskConfig(Section):
     num_eval: int = Field(100, ge=0)
     seed: int = 0
     max_prompt_tokens: int = Field(512, ge=1)
+    # each training prompt is also rolled out with each instruction appended (row field `prompt_variant`
+    # = 1, 2, …; the plain prompt is 0; `variant_of` = the prompt's uid), e.g. Policy Split's high-entropy mode
+    prompt_variants: list[str] = Field(default_factory=list)
 
 
 class RewardComponent(Section):
@@ -207,6 +210,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gft": {"algo.advantage": "grpo", "algo.loss": "gft", "algo.aggregation": "token_mean"},
     "acrl": {"algo.advantage": "grpo", "algo.loss": "acrl", "algo.aggregation": "token_mean"},
     "hargo": {"algo.advantage": "hargo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
+    "policy_split": {"algo.advantage": "grpo", "algo.loss": "policy_split", "algo.aggregation": "token_mean",
+                     "algo.group_by": "variant_of",
+                     "task.prompt_variants": ["Explore: consider several different approaches before you settle "
+                                              "on an answer."]},
 }
 PRESET_DESCRIPTIONS = {
     "grpo": "GRPO: group-normalised advantages, PPO clip, token-mean",
@@ -234,6 +241,8 @@ PRESET_DESCRIPTIONS = {
     "gft": "GFT: policy gradient with the 1/pi weight capped at 1/tau (tau = 0.1)",
     "acrl": "ACRL: PPO clip plus masking of tokens whose train/rollout ratio leaves [1/c, c] (c = 2)",
     "hargo": "HARGO: GRPO advantages boosted by group contrast x reference doubt, group-softmax weighted",
+    "policy_split": "Policy Split: each prompt also rolled out with an exploration instruction; pooled GRPO, "
+                    "entropy bonus on that mode",
 }
 
 

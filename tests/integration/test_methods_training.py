@@ -48,3 +48,28 @@ def test_tiny_model_learns_toy_task(tmp_path, algo, trainer, metric):
     assert all(r["skipped_updates"] == 0 for r in rows)
     values = [r[metric] for r in rows if metric in r]
     assert values and all(math.isfinite(v) for v in values)
+
+
+def test_policy_split_rolls_out_both_modes_in_one_group(tmp_path):
+    from lmrl.config import ConfigError
+    from lmrl.loops.sync import collect_groups, to_batch
+
+    cfg = toy_config(tmp_path, 8, {"preset": "policy_split"}, {})
+    tok = make_tokenizer()
+    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
+    seen, kept, _ = collect_groups(stages)
+    assert len(kept) == 2 * cfg.rollout.prompts_per_step
+    plain, variant = kept[0], kept[1]
+    assert (plain.row["prompt_variant"], variant.row["prompt_variant"]) == (0, 1)
+    assert variant.row["variant_of"] == plain.row["uid"] and variant.row["question"].startswith(plain.row["question"])
+    assert len(variant.samples[0].prompt_ids) > len(plain.samples[0].prompt_ids)
+    batch = to_batch(kept, 0, "contains_7", ["contains_7"], {"prompt_variant"}, "variant_of")
+    g = cfg.rollout.group_size
+    assert batch.group_index[: 2 * g].tolist() == [0] * (2 * g)  # both modes pooled
+    assert batch.row_extras["prompt_variant"][: 2 * g].tolist() == [0] * g + [1] * g
+    rows = [r for r in train_toy(tmp_path / "run", {"preset": "policy_split"}, {}) if "reward/mean" in r]
+    rewards = [r["reward/mean"] for r in rows]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
+    assert all(r["split/high_entropy_rows"] > 0 for r in rows if "split/high_entropy_rows" in r)
+    with pytest.raises(ConfigError, match="task.prompt_variants"):
+        build_stages(toy_config(tmp_path / "bad", 2, {"loss": "policy_split"}, {}), model=stages.model, tokenizer=tok)

@@ -14,7 +14,6 @@ from lmrl.algos.methods_group import (
     group_softmax_weights,
     group_token_mean,
     hargo_modulate,
-    high_entropy_prompt,
     sequence_confidence,
 )
 from lmrl.config import ConfigError, build_config
@@ -107,7 +106,7 @@ def test_policy_split_spec_pooled_advantages():
 
 
 def test_policy_split_spec_entropy_term_on_high_entropy_rows_only():
-    lp, ent, x = loss_inputs([[-1.0], [-1.0]], [0.0, 0.0], entropy=[[2.0], [2.0]], split_mode=[0.0, 1.0])
+    lp, ent, x = loss_inputs([[-1.0], [-1.0]], [0.0, 0.0], entropy=[[2.0], [2.0]], prompt_variant=[0.0, 1.0])
     loss, m = LOSSES.get("policy_split")(x, split_beta=0.01)
     assert loss[:, 0].tolist() == pytest.approx([0.0, -0.02])
     loss.sum().backward()
@@ -117,7 +116,7 @@ def test_policy_split_spec_entropy_term_on_high_entropy_rows_only():
 
 
 def test_policy_split_keeps_the_ppo_clip_on_every_row():
-    lp, _, x = loss_inputs([[0.0, 0.0]], [1.0], entropy=[[1.0, 3.0]], old_logp=[[0.0, -0.5]], split_mode=[1.0])
+    lp, _, x = loss_inputs([[0.0, 0.0]], [1.0], entropy=[[1.0, 3.0]], old_logp=[[0.0, -0.5]], prompt_variant=[1.0])
     loss, m = LOSSES.get("policy_split")(x, eps_low=0.2, eps_high=0.2, split_beta=0.1)
     # token 2: ρ = e^0.5 = 1.65 is clipped at 1.2
     assert loss[0].tolist() == pytest.approx([-1.0 - 0.1, -1.2 - 0.3], abs=1e-5)
@@ -125,14 +124,13 @@ def test_policy_split_keeps_the_ppo_clip_on_every_row():
 
 
 def test_policy_split_inputs_prompt_and_config_check():
-    assert high_entropy_prompt("What is 2+2?", "Explore.") == "What is 2+2?\n\nExplore."
     fn = LOSSES.get("policy_split")
-    assert fn.needs_entropy and fn.requires == {"split_mode"}
+    assert fn.needs_entropy and fn.requires == {"prompt_variant"}
     _, _, x = loss_inputs([[0.0]], [1.0])
     with pytest.raises(ValueError, match="entropy"):
         fn(x)
     _, _, x = loss_inputs([[0.0]], [1.0], entropy=[[1.0]])
-    with pytest.raises(ValueError, match="split_mode"):
+    with pytest.raises(ValueError, match="prompt_variant"):
         fn(x)
 
 

@@ -18,7 +18,7 @@ from lmrl.algos.advantages_extra import modality_mask
 # generated positions [B,T,H], exact per-token entropies [B,T].
 MODEL_OUTPUTS = frozenset({"values", "hidden", "token_entropy"})
 # Copied from the task row of each sample (every sample of a prompt carries its prompt's value).
-ROW_FIELD_INPUTS = frozenset({"peer_rewards", "perm_index"})
+ROW_FIELD_INPUTS = frozenset({"peer_rewards", "perm_index", "prompt_variant"})
 # Knobs read by `lookup` rather than by the estimator (allowed in `algo.advantage_params`).
 INPUT_KNOBS = frozenset({"acoustic_component", "speech_id_range", "pmi_field"})
 # Keyword names of the estimators that differ from the loop's input names.

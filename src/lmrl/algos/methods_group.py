@@ -7,8 +7,8 @@ and deviations.
 - `gepo` (advantage): a base advantage damped by α where the group's entropy is far from its
   history (positive advantages of low-entropy groups, negative ones of high-entropy groups);
   `GroupEntropyStats` keeps the exponentially weighted history.
-- `policy_split` (loss): PPO clip plus an entropy bonus on rows sampled in the high-entropy mode;
-  `high_entropy_prompt` builds that mode's prompt.
+- `policy_split` (loss): PPO clip plus an entropy bonus on rows sampled in the high-entropy mode
+  (the loop's `task.prompt_variants` rollouts).
 - `gft` (loss): −sg[π/max(π, τ)]·A·logp, the policy gradient with the 1/π weight bounded by 1/τ.
 - `hargo` (advantage): GRPO advantages boosted in informative groups where the reference model is
   unsure, then re-weighted by a group softmax of their size.
@@ -126,14 +126,6 @@ def gepo(token_rewards, group_index, mask, token_entropy=None, entropy_mean: flo
 
 # §13 Policy Split ---------------------------------------------------------------------------------
 
-HIGH_ENTROPY_INSTRUCTION = "Explore: consider several different approaches before you settle on an answer."
-
-
-def high_entropy_prompt(prompt: str, instruction: str = HIGH_ENTROPY_INSTRUCTION) -> str:
-    """The high-entropy mode's prompt x ⊕ p_H: the instruction appended after a blank line."""
-    return f"{prompt}\n\n{instruction}"
-
-
 @LOSSES.register("policy_split", "Policy Split: PPO clip, plus an entropy bonus beta·H on high-entropy-mode rows")
 def policy_split(x: LossInputs, eps_low: float = 0.2, eps_high: float = 0.2, dual_clip: float | None = None,
                  split_beta: float = 0.01, **_):
@@ -141,20 +133,21 @@ def policy_split(x: LossInputs, eps_low: float = 0.2, eps_high: float = 0.2, dua
     and summaries.
 
     What: one policy, two modes sharing one prompt group. The normal mode samples from π(·|x), the
-    high-entropy mode from π(·|x ⊕ p_H) (`high_entropy_prompt`). Advantages are GRPO over the
+    high-entropy mode from π(·|x ⊕ p_H) (`task.prompt_variants`, preset `policy_split`). Advantages are GRPO over the
     pooled 2G rewards (the advantage stage with both modes in one group; use `grpo`). Loss: PPO clip
     on every row, minus β·H_t (`split_beta`, exact token entropy) on high-entropy-mode rows. Why:
     the exploring mode keeps diversity while both modes learn from each other's samples.
 
-    Reads `extras["split_mode"]` ([B], 1.0 for high-entropy-mode rows) and `LossInputs.entropy`.
+    Reads the row field `prompt_variant` ([B]; > 0 marks high-entropy-mode rows: the loop's
+    `task.prompt_variants` rollouts) and `LossInputs.entropy`.
     Chosen where the source is silent: the entropy-term form (rather than an entropy-preference
     reward), β = 0.01 from the spec's example (summaries warn that a large β destabilises).
     """
     if x.entropy is None:
         raise ValueError("policy_split adds an entropy term: LossInputs.entropy must be set")
-    if "split_mode" not in x.extras:
-        raise ValueError("policy_split needs extras['split_mode'] ([B], 1.0 for high-entropy-mode rows)")
-    mode = x.extras["split_mode"].to(x.logp.dtype).unsqueeze(1)
+    if "prompt_variant" not in x.extras:
+        raise ValueError("policy_split needs extras['prompt_variant'] ([B], > 0 for high-entropy-mode rows)")
+    mode = (x.extras["prompt_variant"] > 0).to(x.logp.dtype).unsqueeze(1)
     loss, metrics = ppo_clip(x, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
     high_rows = (mode > 0.5).float().expand_as(x.mask) * x.mask
     metrics = {**metrics, "split/high_entropy_rows": float((mode > 0.5).float().mean()),
@@ -260,6 +253,6 @@ def hargo(token_rewards, group_index, mask, ref_logp=None, lam: float = 1.0, tem
 
 gepo.requires = {"token_entropy"}
 hargo.requires = {"ref_logp"}
-policy_split.requires = {"split_mode"}
+policy_split.requires = {"prompt_variant"}
 policy_split.needs_entropy = True  # the learner computes exact token entropies for it
 gft.zero_at_zero_advantage = True  # row-local (τ counts only tokens with A ≠ 0) and zero where A = 0

@@ -34,6 +34,31 @@ def encode_rows(tokenizer, rows: list[dict[str, Any]], system_prompt: str | None
     return kept, dropped
 
 
+def with_variants(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row followed by its prompt variants (`add_prompt_variants`), in that order."""
+    return [v for r in rows for v in (r, *r.get("variants", ()))]
+
+
+def add_prompt_variants(tokenizer, rows: list[dict[str, Any]], instructions: list[str],
+                        system_prompt: str | None) -> list[dict[str, Any]]:
+    """Rows that also roll out with each instruction appended to the question (after a blank line).
+
+    Every row gets `prompt_variant` 0 and `variant_of` = its uid; its `variants` are full rows
+    (`prompt_variant` i = 1, 2, …, their own `prompt_ids`) that `with_variants` expands at rollout.
+    """
+    out = []
+    for row in rows:
+        base = {**row, "prompt_variant": 0, "variant_of": row["uid"]}
+        variants = []
+        for i, instruction in enumerate(instructions, start=1):
+            v = {**base, "uid": f"{row['uid']}#v{i}", "prompt_variant": i,
+                 "question": f"{row['question']}\n\n{instruction}"}
+            v["prompt_ids"] = encode_prompt(tokenizer, v, system_prompt)
+            variants.append(v)
+        out.append({**base, "variants": variants})
+    return out
+
+
 def rollout(engine, tokenizer, rows: list[dict[str, Any]], n: int, params, generator=None) -> list:
     """Generate `n` completions per row (one batched engine call) and wrap them as Groups of Samples."""
     from lmrl.types import Group, Sample

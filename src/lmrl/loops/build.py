@@ -64,6 +64,10 @@ def check_row_fields(cfg: Config, rows: list[dict]) -> None:
         fields.add(pmi_field(cfg.algo.advantage_params))
     for name in sorted(fields):
         lacking = sum(name not in r for r in rows)
+        if lacking and name == "prompt_variant":
+            raise ConfigError(f"algo.loss={cfg.algo.loss} reads the row field 'prompt_variant', which only the "
+                              "rollouts of task.prompt_variants carry; set task.prompt_variants (the policy_split "
+                              "preset sets one exploration instruction)")
         if lacking:
             raise ConfigError(f"algo.advantage={cfg.algo.advantage} / algo.group_by reads the task field {name!r}, "
                               f"which {lacking} of {len(rows)} training rows lack")

@@ -11,6 +11,7 @@ from lmrl.config import Config
 from lmrl.data import GROUP_FILTERS, SAMPLERS
 from lmrl.engines import ENGINES, SamplingParams
 from lmrl.envs import TaskError, encode_rows, load_task
+from lmrl.envs.single_turn import add_prompt_variants
 from lmrl.learners import Learner
 from lmrl.loops.build import check_names, check_row_fields
 from lmrl.models import load_model, load_tokenizer, resolve_model_path
@@ -52,6 +53,8 @@ def prepare_data(cfg: Config, tokenizer) -> tuple[list[dict], list[dict], dict[s
     held, dropped_eval = encode_rows(tokenizer, task.eval, cfg.task.system_prompt, cfg.task.max_prompt_tokens)
     if not train:
         raise TaskError(f"every training prompt is longer than task.max_prompt_tokens={cfg.task.max_prompt_tokens}")
+    if cfg.task.prompt_variants:
+        train = add_prompt_variants(tokenizer, train, cfg.task.prompt_variants, cfg.task.system_prompt)
     return train, held, {"data/dropped_long_prompts": float(dropped_train + dropped_eval)}
 
 

@@ -14,6 +14,7 @@ import torch
 from lmrl.algos.inputs import ROW_FIELD_INPUTS, canonical
 from lmrl.config import Config
 from lmrl.envs import rollout
+from lmrl.envs.single_turn import with_variants
 from lmrl.eval.evaluator import evaluate
 from lmrl.learners.checkpoint import latest_checkpoint, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from lmrl.loops.pmi import pmi, pmi_field
@@ -35,15 +36,18 @@ class RunResult:
 def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float]]:
     """Roll out until enough groups pass the group filter (or the generation budget runs out).
 
-    Returns every group generated (for metrics), the kept groups (for the update) and metrics.
+    Returns every group generated (for metrics), the kept groups (for the update) and metrics. With
+    `task.prompt_variants`, each prompt brings one group per variant.
     """
-    want, n = s.cfg.rollout.prompts_per_step, s.cfg.rollout.group_size
+    prompts, n = s.cfg.rollout.prompts_per_step, s.cfg.rollout.group_size
+    want = prompts * (1 + len(s.cfg.task.prompt_variants))
     kept: list[Group] = []
     seen: list[Group] = []
     metrics: dict[str, float] = {}
     batches = 0
     while len(kept) < want and (s.cfg.data.max_gen_batches == 0 or batches < s.cfg.data.max_gen_batches):
-        groups = rollout(s.engine, s.tokenizer, s.sampler.next_prompts(want), n, s.params, s.generator)
+        groups = rollout(s.engine, s.tokenizer, with_variants(s.sampler.next_prompts(prompts)), n, s.params,
+                         s.generator)
         for k, v in s.scorer.score(groups).items():
             metrics[k] = metrics.get(k, 0.0) + v
         seen += groups
