@@ -44,6 +44,13 @@ def test_majority_vote_matches_numbers_numerically_and_counts_missing_answers_as
     assert majority_vote(samples) == [1.0, 0.0, 1.0, 0.0, 0.0]  # without the fallback, "12.0" has no marker
 
 
+def test_majority_vote_complete_only_ignores_cut_off_replies():
+    samples = [make("so 12"), make("then 12"), make("Answer: 5"), make("it is 5")]
+    samples[0].finish_reason = samples[1].finish_reason = "length"
+    assert majority_vote(samples, fallback="last_number") == [1.0, 1.0, 0.0, 0.0]  # ties: first seen
+    assert majority_vote(samples, fallback="last_number", complete_only=True) == [0.0, 0.0, 1.0, 1.0]
+
+
 def test_majority_vote_exact_compare_and_custom_pattern():
     samples = [make("#### 4"), make("#### 4.0"), make("#### 4.0"), make("#### x")]
     assert majority_vote(samples, pattern=r"####\s*(\S+)", compare="exact") == [0.0, 1.0, 1.0, 0.0]

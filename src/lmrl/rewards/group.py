@@ -71,14 +71,17 @@ def _no_verdict(n: int, mode: str) -> list[float | None]:
 @GROUP_REWARD_FNS.register("majority_vote", "TTRL: 1 if the answer equals the group's most frequent answer (no gold)")
 def majority_vote(samples: list[Sample], pattern: str | None = None, fallback: str = "none",
                   compare: str = "match", min_agreement: float = 0.0, below_agreement: str = "zero",
-                  **_) -> list[float | None]:
+                  complete_only: bool = False, **_) -> list[float | None]:
     """Pseudo-label = most frequent extracted answer (ties: the first seen); reward 1 for agreeing samples.
 
     Agreement = label votes / group size (samples without an answer count as dissent). Below
     `min_agreement` the group gets no verdict: all 0 (`below_agreement="zero"`, no learning signal)
-    or all None (`"exclude"`: left out of the update and counted in the metrics).
+    or all None (`"exclude"`: left out of the update and counted in the metrics). With
+    `complete_only`, a reply cut off at the token limit casts no vote (its last number is usually
+    an intermediate step, and a policy can learn to agree on those).
     """
-    ids = answer_classes([sample_answer(s, pattern, fallback) for s in samples], compare)
+    ids = answer_classes([None if complete_only and s.finish_reason == "length" else sample_answer(s, pattern, fallback)
+                          for s in samples], compare)
     votes = Counter(i for i in ids if i is not None)
     if not votes:
         return _no_verdict(len(samples), below_agreement)
