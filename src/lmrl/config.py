@@ -58,6 +58,7 @@ class RewardConfig(Section):
     timeout_s: float = Field(10.0, gt=0)
     retries: int = Field(0, ge=0)  # extra attempts when a component raises, times out or returns garbage
     on_error: Literal["exclude", "zero"] = "exclude"  # what a sample gets once the attempts are used up
+    concurrency: int = Field(1, ge=1)  # samples a per-sample component scores at once (judges, sandboxed tests)
     accuracy_component: str = "answer"  # the component reported as accuracy (1.0 = correct)
 
 
@@ -210,6 +211,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gft": {"algo.advantage": "grpo", "algo.loss": "gft", "algo.aggregation": "token_mean"},
     "acrl": {"algo.advantage": "grpo", "algo.loss": "acrl", "algo.aggregation": "token_mean"},
     "hargo": {"algo.advantage": "hargo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
+    "gepo": {"algo.advantage": "gepo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
+    "pipo": {"algo.advantage": "pipo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
+    "grpo_chi2": {"algo.advantage": "grpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean",
+                  "algo.kl_estimator": "f_chi2", "algo.kl_coef": 0.05},
     "policy_split": {"algo.advantage": "grpo", "algo.loss": "policy_split", "algo.aggregation": "token_mean",
                      "algo.group_by": "variant_of",
                      "task.prompt_variants": ["Explore: consider several different approaches before you settle "
@@ -241,6 +246,9 @@ PRESET_DESCRIPTIONS = {
     "gft": "GFT: policy gradient with the 1/pi weight capped at 1/tau (tau = 0.1)",
     "acrl": "ACRL: PPO clip plus masking of tokens whose train/rollout ratio leaves [1/c, c] (c = 2)",
     "hargo": "HARGO: GRPO advantages boosted by group contrast x reference doubt, group-softmax weighted",
+    "gepo": "GEPO: GRPO advantages damped where the group's entropy leaves its history band (mu ± sigma)",
+    "pipo": "PIPO: GRPO step, then a replay of the previous batch scaled by the reward-window verdict",
+    "grpo_chi2": "GRPO regularised by the chi-squared divergence to the reference (coefficient 0.05)",
     "policy_split": "Policy Split: each prompt also rolled out with an exploration instruction; pooled GRPO, "
                     "entropy bonus on that mode",
 }

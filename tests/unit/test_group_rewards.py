@@ -198,6 +198,27 @@ def test_meds_memory_penalises_a_recurring_wrong_answer_across_steps():
     assert other_prompt == [-1.0, -1.0]  # memories are per prompt
 
 
+def test_meds_memory_survives_a_checkpoint_round_trip_through_the_scorer():
+    cfg = RewardConfig(components=[{"name": "meds"}], accuracy_component="meds")
+    scorer = RewardScorer(cfg)
+    scorer.score([Group(uid="a", row={"question": "q", "answer": "7"}, samples=group_of("7", "5", "5", "6", "6"))])
+    restored = RewardScorer(cfg)
+    restored.load_state_dict(torch.load(_saved(scorer.state_dict()), weights_only=False))
+    groups = [Group(uid="a", row={"question": "q", "answer": "7"}, samples=group_of("7", "5", "6"))]
+    restored.score(groups)
+    p2 = 0.1 * math.log(3)  # as without the round trip (test above): the memory came back
+    assert [x.rewards["meds"] for x in groups[0].samples] == pytest.approx([1.0, -1 - p2, -1 - p2])
+
+
+def _saved(state):
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
+
+
 def test_meds_noise_and_correctness_from_a_component():
     meds = MEDS(noise_as_cluster=False, correctness_component="majority_vote", correct_reward=1.0, wrong_reward=0.0)
     samples = group_of("4", "4", "4", "3")

@@ -158,3 +158,23 @@ def test_rollout_metrics_report_the_sampling_entropy_of_every_row():
     metrics = rollout_metrics([Group(uid="g", row={}, samples=[a, b])], "answer")
     assert metrics["entropy/rollout"] == pytest.approx(2.0)
     assert metrics["accuracy"] == 0.5 and metrics["response_length/mean"] == 1.5
+
+
+def test_concurrency_scores_a_groups_samples_at_once(monkeypatch):
+    """Four calls must be in flight together to pass the barrier; one at a time they time out."""
+    import threading
+
+    for concurrency, ok in ((4, True), (1, False)):
+        barrier = threading.Barrier(4, timeout=1.0)
+
+        def meet(s, **_):
+            barrier.wait()
+            return 1.0
+
+        monkeypatch.setitem(REWARD_FNS._items, "meet", meet)
+        scorer = RewardScorer(RewardConfig(components=[RewardComponent(name="meet")], accuracy_component="meet",
+                                           concurrency=concurrency, timeout_s=3.0))
+        g = Group("u", {"answer": "42"}, [sample(f"Answer: {i}") for i in range(4)])
+        scorer.score([g])
+        assert all((x.excluded is None) == ok for x in g.samples), concurrency
+        assert ok or all("BrokenBarrierError" in x.excluded for x in g.samples)

@@ -161,6 +161,7 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
         restore_rng(state["rng"], gens)
         start = state["step"]
         s.algorithm.load_state_dict(state.get("algorithm", {}))
+        s.scorer.load_state_dict(state.get("rewards", {}))
         result.eval_before = state.get("eval_before", {})
         s.engine.update_weights(None, start)
         run.truncate_after(start)
@@ -184,7 +185,8 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
 
     if start == 0 and cfg.eval.at_start and s.eval_rows:
         result.eval_before = evaluate_now(0)
-    boundary = {"sampler": s.sampler.state_dict(), "rng": rng_state(gens), "algorithm": s.algorithm.state_dict()}
+    boundary = {"sampler": s.sampler.state_dict(), "rng": rng_state(gens), "algorithm": s.algorithm.state_dict(),
+                "rewards": s.scorer.state_dict()}
     done, saved, updates_at_boundary = start, start, s.learner.optimizer_steps
     progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress)
     try:
@@ -211,7 +213,7 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
                 t_train = time.perf_counter() - t1
                 done, updates_at_boundary = step, s.learner.optimizer_steps
                 boundary = {"sampler": s.sampler.state_dict(), "rng": rng_state(gens),
-                            "algorithm": s.algorithm.state_dict()}
+                            "algorithm": s.algorithm.state_dict(), "rewards": s.scorer.state_dict()}
                 result.train_seconds += time.perf_counter() - t0
                 metrics.update({"timing/rollout_s": t_rollout, "timing/train_s": t_train,
                                 "timing/step_s": time.perf_counter() - t0, "tokens_per_s": generated / t_rollout,

@@ -10,7 +10,9 @@ built once per scorer as `cls(**params)` and then called without params.
 A component that raises, times out, or returns None / NaN / inf / a wrong type or shape is retried
 `reward.retries` times, then the sample is excluded (`reward.on_error: exclude`, the default) or
 given 0 for that component (`on_error: zero`); either way it is counted in the metrics and the run
-goes on.
+goes on. `reward.concurrency` > 1 scores that many samples of a group at once with a per-sample
+component (worth it for judges behind HTTP and for sandboxed unit tests; the component must then be
+thread-safe).
 """
 from __future__ import annotations
 
@@ -62,9 +64,10 @@ class _Component:
     def __init__(self, name: str, weight: float, params: dict, timeout_s: float):
         target, self.per_group = find_component(name)
         self.name, self.weight, self.timeout_s = name, weight, timeout_s
+        self.instance = None
         if inspect.isclass(target):
-            instance = target(**params)
-            self.call: Callable = instance
+            self.instance = target(**params)
+            self.call: Callable = self.instance
         else:
             self.call = lambda x, _fn=target, _p=params: _fn(x, **_p)
 
@@ -77,7 +80,18 @@ class RewardScorer:
         self.components = [_Component(c.name, c.weight, c.params, c.timeout_s or cfg.timeout_s)
                            for c in cfg.components]
         self.aggregate = REWARD_AGGREGATIONS.get(cfg.aggregation)
-        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="reward")
+        self.pool = ThreadPoolExecutor(max_workers=max(4, 2 * cfg.concurrency), thread_name_prefix="reward")
+        self.fan_out = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="reward-sample") \
+            if cfg.concurrency > 1 else None
+
+    def state_dict(self) -> dict:
+        """State of the stateful components that have one (e.g. the MEDS memory), by name."""
+        return {c.name: c.instance.state_dict() for c in self.components if hasattr(c.instance, "state_dict")}
+
+    def load_state_dict(self, state: dict) -> None:
+        for c in self.components:
+            if c.name in state and hasattr(c.instance, "load_state_dict"):
+                c.instance.load_state_dict(state[c.name])
 
     def _run(self, comp: _Component, arg) -> tuple[Any, str | None]:
         """One call under the timeout: (raw value, None) or (None, problem)."""
@@ -130,8 +144,10 @@ class RewardScorer:
                     for sample, (values, problem) in zip(live, self._score_group(comp, live)):
                         self._record(comp, sample, values, problem, reasons)
                 else:
-                    for sample in live:
-                        self._record(comp, sample, *self._score_sample(comp, sample), reasons)
+                    results = (self.fan_out.map(lambda x, c=comp: self._score_sample(c, x), live) if self.fan_out
+                               else (self._score_sample(comp, x) for x in live))
+                    for sample, (values, problem) in zip(live, results):
+                        self._record(comp, sample, values, problem, reasons)
             valid = [s for s in group.samples if s.excluded is None]
             if not valid:
                 continue

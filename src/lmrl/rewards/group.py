@@ -369,6 +369,18 @@ class MEDS:
         with self.lock:
             return self._score(samples)
 
+    def state_dict(self) -> dict:
+        """The memory (saved in checkpoints, so a resumed run penalises the same clusters)."""
+        with self.lock:
+            return {"memory": [{"prompt": list(p), "correct": c, "vectors": [v.copy() for v in slot["vectors"]],
+                                "labels": None if slot["labels"] is None else slot["labels"].copy()}
+                               for (p, c), slot in self.memory.items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        with self.lock:
+            self.memory = {(tuple(e["prompt"]), e["correct"]): {"vectors": list(e["vectors"]), "labels": e["labels"]}
+                           for e in state["memory"]}
+
     def _score(self, samples: list[Sample]) -> list[float]:
         prompt = tuple(samples[0].prompt_ids) if samples else ()
         vectors = [self.features(s) for s in samples]
