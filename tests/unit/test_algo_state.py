@@ -66,6 +66,10 @@ def test_acrl_fixed_band_and_bad_controller_knobs():
     assert algo.states["loss"].controller.band == 2.0
     with pytest.raises(ValueError, match="kappa"):
         Algorithm(AlgoConfig(loss="acrl", loss_params={"acrl_kappa": 1.0}), 4)
+    with pytest.raises(ValueError, match="acrl_band=20"):
+        Algorithm(AlgoConfig(loss="acrl", loss_params={"acrl_band": 20.0}), 4)
+    assert Algorithm(AlgoConfig(loss="acrl", loss_params={"acrl_band": 20.0, "acrl_adaptive": False}),
+                     4).states["loss"].controller.band == 20.0
     check_names(build_config({"algo": {"loss": "acrl", "loss_params": {"acrl_d_low": 1e-4}}}))
     with pytest.raises(ConfigError, match="acrl_d_lo"):
         check_names(build_config({"algo": {"loss": "acrl", "loss_params": {"acrl_d_lo": 1e-4}}}))

@@ -77,15 +77,17 @@ def test_group_entropy_is_token_weighted_over_the_group():
 
 def test_group_entropy_stats_exponential_history():
     stats = GroupEntropyStats(decay=0.5)
-    stats.update(torch.tensor([1.0]))
-    assert (stats.mean, stats.std) == (1.0, 0.0)
+    assert stats.mean is None and stats.std == 0.0
+    stats.update(torch.tensor([1.0, 3.0]))  # one batch: both groups weigh 1
+    assert (stats.mean, stats.std) == (pytest.approx(2.0), pytest.approx(1.0))
     stats.update(torch.tensor([2.0]))
-    assert stats.mean == pytest.approx(1.5) and stats.std == pytest.approx(0.5)  # var = 0.5·(0 + 0.5·1²)
+    # S₀ = 0.5·2 + 1 = 2, S₁ = 0.5·4 + 2 = 4, S₂ = 0.5·10 + 4 = 9 → mean 2, var 9/2 − 4 = 0.5
+    assert stats.mean == pytest.approx(2.0) and stats.std == pytest.approx(0.5 ** 0.5)
     copy = GroupEntropyStats(decay=0.5)
     copy.load_state_dict(stats.state_dict())
     copy.update(torch.tensor([3.0]))
     stats.update(torch.tensor([3.0]))
-    assert (copy.mean, copy.var) == (stats.mean, stats.var)
+    assert (copy.mean, copy.std) == (stats.mean, stats.std)
 
 
 def test_gepo_missing_entropy_bad_alpha_and_the_config_check():

@@ -140,11 +140,15 @@ class Algorithm:
         return out
 
     def state_dict(self) -> dict:
-        return {name: st.state_dict() for name, st in self.states.items() if hasattr(st, "state_dict")}
+        return {name: {"kind": type(st).__name__, "state": st.state_dict()}
+                for name, st in self.states.items() if hasattr(st, "state_dict")}
 
     def load_state_dict(self, state: dict) -> None:
-        for name, value in state.items():
-            self.states[name].load_state_dict(value)
+        """Restore the states this configuration has; a saved state of another method is ignored."""
+        for name, saved in state.items():
+            mine = self.states.get(name)
+            if mine is not None and type(mine).__name__ == saved["kind"]:
+                mine.load_state_dict(saved["state"])
 
     def _prepare(self, batch: Batch) -> dict[str, float]:
         mask = batch.completion_mask

@@ -7,7 +7,7 @@ the formulas and deviations.
 - `output_reset` (loss): a one-sided squared residual that stops pulling once the log-ratio to the
   rollout policy has crossed a margin in the advantage's direction.
 - `acrl` (loss): PPO clip with a token trust band [1/c, c] on π_train/π_rollout; `AcrlController`
-  adapts c from the measured train/inference discrepancy (the loop must hold it between steps).
+  adapts c from the measured train/inference discrepancy (held between steps by `algos/state.py`).
 - `pipo` (advantage): the verdict ξ of a sliding window of batch-mean rewards times a base
   advantage, for the replay step on the previous batch; `PolicyImprovementMonitor` holds the window.
 """
@@ -132,9 +132,10 @@ def acrl(x: LossInputs, eps_low: float = 0.2, eps_high: float = 0.2, dual_clip: 
     low-precision rollouts (e.g. FP8) drift from the trainer; a feedback controller on the band
     (`AcrlController`) tightens it when D = mean k3 is above d_high and widens it below d_low.
 
-    The band c is `extras["acrl_band"]` ([B], one value per row, set by a loop-held controller) when
-    present, else the fixed knob `acrl_band` (c = 2.0 from the spec's example). Without a controller
-    the band stays fixed: token masking at [1/c, c]. The metric `acrl/discrepancy` reports D.
+    The band c is `extras["acrl_band"]` ([B], one value per row; in the loop `AcrlBand` of
+    `algos/state.py` sets it from its controller) when present, else the knob `acrl_band` (c = 2.0
+    from the spec's example, also the controller's start). The metric `acrl/discrepancy` reports D,
+    which the controller reads after the update.
     """
     band = x.extras.get("acrl_band", torch.tensor(acrl_band))
     band = torch.as_tensor(band, dtype=x.logp.dtype, device=x.logp.device)

@@ -66,35 +66,40 @@ def gepo_shape(advantages: torch.Tensor, group_entropy: torch.Tensor, entropy_me
 
 @dataclass
 class GroupEntropyStats:
-    """Exponentially weighted mean and std of past group entropies (one observation per group).
+    """Exponentially weighted mean and std of past group entropies, one decay step per batch.
 
     Per step: read `mean` / `std` for the thresholds, then `update(this batch's group entropies)`.
-    Observation h: δ = h − μ, μ ← μ + (1−d)δ, var ← d·(var + (1−d)δ²); the first sets μ = h, var = 0.
+    Sums S₀ = Σw, S₁ = Σw·h, S₂ = Σw·h² decay by d per batch, and every group of a batch has weight
+    1; mean = S₁/S₀, var = S₂/S₀ − mean². Normalising by S₀ makes the history unbiased from the
+    first batch on (no drift from a zero or single-group start).
     """
 
-    decay: float = 0.99
-    mean: float | None = None
-    var: float = 0.0
+    decay: float = 0.9
+    weight: float = 0.0
+    total: float = 0.0
+    total_sq: float = 0.0
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.weight if self.weight > 0 else None
 
     @property
     def std(self) -> float:
-        return self.var ** 0.5
+        if self.weight <= 0:
+            return 0.0
+        return max(self.total_sq / self.weight - self.mean ** 2, 0.0) ** 0.5
 
     def update(self, group_entropies: torch.Tensor) -> None:
-        w = 1.0 - self.decay
-        for h in torch.as_tensor(group_entropies, dtype=torch.float64).flatten().tolist():
-            if self.mean is None:
-                self.mean = h
-                continue
-            delta = h - self.mean
-            self.mean += w * delta
-            self.var = self.decay * (self.var + w * delta * delta)
+        h = torch.as_tensor(group_entropies, dtype=torch.float64).flatten()
+        self.weight = self.decay * self.weight + h.numel()
+        self.total = self.decay * self.total + float(h.sum())
+        self.total_sq = self.decay * self.total_sq + float((h * h).sum())
 
-    def state_dict(self) -> dict[str, float | None]:
-        return {"mean": self.mean, "var": self.var}
+    def state_dict(self) -> dict[str, float]:
+        return {"weight": self.weight, "total": self.total, "total_sq": self.total_sq}
 
-    def load_state_dict(self, state: dict[str, float | None]) -> None:
-        self.mean, self.var = state["mean"], float(state["var"])
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.weight, self.total, self.total_sq = (float(state[k]) for k in ("weight", "total", "total_sq"))
 
 
 @ADVANTAGES.register("gepo", "GEPO: base advantage damped by alpha where the group entropy leaves mu ± kappa·sigma")

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from lmrl.algos.methods_control import AcrlController, PolicyImprovementMonitor
+from lmrl.algos.methods_control import AcrlController, PolicyImprovementMonitor, acrl_next_band
 from lmrl.algos.methods_group import GroupEntropyStats, _per_group_token_mean
 
 
@@ -45,12 +45,12 @@ class GepoHistory:
 
     Before each batch's advantages: the history so far becomes the thresholds' `entropy_mean` /
     `entropy_std` (none on the first batch: GEPO then uses this batch's own statistics), then this
-    batch's group entropies join the history. Knob `entropy_decay` (0.99).
+    batch's group entropies join the history. Knob `entropy_decay` (0.9 per batch).
     """
 
     knobs = ("entropy_decay",)
 
-    def __init__(self, entropy_decay: float = 0.99, **_):
+    def __init__(self, entropy_decay: float = 0.9, **_):
         if not 0 <= entropy_decay < 1:
             raise ValueError(f"entropy_decay must be in [0, 1), got {entropy_decay}")
         self.stats = GroupEntropyStats(decay=entropy_decay)
@@ -86,8 +86,12 @@ class AcrlBand:
                  acrl_kappa: float = 1.25, acrl_band_min: float = 1.1, acrl_band_max: float = 10.0,
                  acrl_adaptive: bool = True, **_):
         self.adaptive = acrl_adaptive
+        acrl_next_band(acrl_band_min, acrl_d_low, acrl_d_low, acrl_d_high, acrl_kappa, acrl_band_min,
+                       acrl_band_max)  # validates the controller knobs
+        if acrl_adaptive and not acrl_band_min <= acrl_band <= acrl_band_max:
+            raise ValueError(f"acrl_band={acrl_band} must lie in [acrl_band_min, acrl_band_max] = "
+                             f"[{acrl_band_min}, {acrl_band_max}] when the band adapts")
         self.controller = AcrlController(acrl_band, acrl_d_low, acrl_d_high, acrl_kappa, acrl_band_min, acrl_band_max)
-        self.controller.update(0.5 * (acrl_d_low + acrl_d_high))  # validates the knobs; D in the dead band: no move
 
     def before_prepare(self, batch) -> None:
         batch.extras["acrl_band"] = torch.full((batch.num_rows,), float(self.controller.band))
