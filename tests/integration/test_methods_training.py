@@ -35,6 +35,8 @@ METHODS = [
     ({"advantage": "gepo", "advantage_params": {"entropy_decay": 0.9}}, {}, "gepo/entropy_std"),
     ({"advantage": "pipo"}, {}, "replay/grad_norm"),
     ({"kl_estimator": "f_chi2", "kl_coef": 0.05}, {}, "kl"),
+    ({"advantage": "hargo"}, {}, "advantage/abs_mean"),
+    ({"loss": "ppo_clip_mis_seq"}, {}, "masked_frac"),
 ]
 
 
