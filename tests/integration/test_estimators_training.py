@@ -114,6 +114,6 @@ def test_resume_restores_method_state(tmp_path):
     assert resumed.algorithm.states["loss"].controller.band == pytest.approx(full.algorithm.states["loss"].controller.band)
     stats_full, stats_resumed = full.algorithm.states["advantage"].stats, resumed.algorithm.states["advantage"].stats
     assert stats_resumed.mean == pytest.approx(stats_full.mean, rel=1e-5)
-    assert stats_resumed.var == pytest.approx(stats_full.var, rel=1e-4)
+    assert stats_resumed.std == pytest.approx(stats_full.std, rel=1e-4)
     for a, b in zip(full.model.parameters(), resumed.model.parameters()):
         assert torch.allclose(a, b, atol=1e-6)
