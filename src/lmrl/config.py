@@ -42,6 +42,9 @@ class TaskConfig(Section):
     # each training prompt is also rolled out with each instruction appended (row field `prompt_variant`
     # = 1, 2, …; the plain prompt is 0; `variant_of` = the prompt's uid), e.g. Policy Split's high-entropy mode
     prompt_variants: list[str] = Field(default_factory=list)
+    # a reference completion built from the row's fields, e.g. "{solution}" or "Answer: {answer}"
+    # (used by data.demonstrations; docs/methods/demonstrations.md)
+    demonstration: str | None = None
 
 
 class RewardComponent(Section):
@@ -76,6 +79,7 @@ class DataConfig(Section):
     sampler: str = "uniform"
     group_filter: str = "none"  # none | nonzero_std (DAPO dynamic sampling)
     max_gen_batches: int = Field(10, ge=0)  # 0 = unlimited
+    demonstrations: Literal["none", "group", "rescue"] = "none"  # add task.demonstration to groups (GFT, SGT)
 
 
 class AlgoConfig(Section):
@@ -103,6 +107,7 @@ class AlgoConfig(Section):
     rejected_tokens: Literal["drop", "keep"] = "drop"  # rejection losses: drop rejected tokens from the loss mask
     group_by: str | None = None  # task row field whose equal values form one advantage group (default: the prompt)
     cost_aware_fraction: float = Field(0.0, ge=0)  # Cost-Aware GRPO: draws per row (0 = off; 0.5 = half the rows)
+    demo_nll_coef: float = Field(0.0, ge=0)  # supervised term -coef·mean log p on demonstration rows (SGT)
 
 
 class TrainerConfig(Section):
@@ -166,6 +171,12 @@ class Config(Section):
             )
         if a.overlong_buffer >= self.rollout.max_new_tokens:
             raise ValueError("algo.overlong_buffer must be smaller than rollout.max_new_tokens")
+        if self.data.demonstrations != "none" and not self.task.demonstration:
+            raise ValueError(f"data.demonstrations={self.data.demonstrations} needs task.demonstration, a template "
+                             "over the task row's fields (e.g. '{solution}' or 'Answer: {answer}')")
+        if a.demo_nll_coef > 0 and self.data.demonstrations == "none":
+            raise ValueError("algo.demo_nll_coef > 0 trains on demonstration rows, but data.demonstrations=none "
+                             "adds none; set data.demonstrations=rescue (or group) and task.demonstration")
         if self.data.group_filter != "none" and self.rollout.group_size < 2:
             raise ValueError("data.group_filter needs rollout.group_size >= 2")
         return self
@@ -216,6 +227,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "pipo": {"algo.advantage": "pipo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
     "grpo_chi2": {"algo.advantage": "grpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean",
                   "algo.kl_estimator": "f_chi2", "algo.kl_coef": 0.05},
+    "gft_demo": {"algo.advantage": "grpo", "algo.loss": "gft", "algo.aggregation": "token_mean",
+                 "data.demonstrations": "group", "task.demonstration": "Answer: {answer}"},
+    "sgt": {"algo.advantage": "grpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean",
+            "data.demonstrations": "rescue", "task.demonstration": "Answer: {answer}", "algo.demo_nll_coef": 0.1},
     "policy_split": {"algo.advantage": "grpo", "algo.loss": "policy_split", "algo.aggregation": "token_mean",
                      "algo.group_by": "variant_of",
                      "task.prompt_variants": ["Explore: consider several different approaches before you settle "
@@ -251,6 +266,8 @@ PRESET_DESCRIPTIONS = {
     "gepo": "GEPO: GRPO advantages damped where the group's entropy leaves its history band (mu ± sigma)",
     "pipo": "PIPO: GRPO step, then a replay of the previous batch scaled by the reward-window verdict",
     "grpo_chi2": "GRPO regularised by the chi-squared divergence to the reference (coefficient 0.05)",
+    "gft_demo": "GFT with the task's reference answer as one more group member (reads gold answers as data)",
+    "sgt": "SGT rescue: groups with no success get the reference answer, trained by a supervised term (0.1)",
     "policy_split": "Policy Split: each prompt also rolled out with an exploration instruction; pooled GRPO, "
                     "entropy bonus on that mode",
 }

@@ -75,3 +75,27 @@ def test_policy_split_rolls_out_both_modes_in_one_group(tmp_path):
     assert all(r["split/high_entropy_rows"] > 0 for r in rows if "split/high_entropy_rows" in r)
     with pytest.raises(ConfigError, match="task.prompt_variants"):
         build_stages(toy_config(tmp_path / "bad", 2, {"loss": "policy_split"}, {}), model=stages.model, tokenizer=tok)
+
+
+@pytest.mark.parametrize("mode, algo", [("rescue", {"demo_nll_coef": 0.5}), ("group", {"loss": "gft"})])
+def test_demonstrations_train_in_the_loop(tmp_path, mode, algo):
+    """SGT's rescue rows (supervised term) and GFT's demonstration group member: the run trains, demos
+    are added, and their behaviour log-probs are the policy's own (not the placeholder zeros)."""
+    from lmrl.loops.sync import collect_groups, fill_inputs, to_batch
+
+    cfg = toy_run_config(tmp_path, 12, algo=algo, data={"demonstrations": mode}, task={"demonstration": "{answer}"})
+    tok = make_tokenizer()
+    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
+    _, kept, metrics = collect_groups(stages)
+    assert metrics["data/demonstrations"] > 0
+    batch = to_batch(kept, 0, "contains_7", ["contains_7"])
+    fill_inputs(stages, batch, kept, 1)
+    demo_rows = batch.row_extras["demonstration"].nonzero().flatten()
+    assert len(demo_rows) == metrics["data/demonstrations"]
+    assert (batch.behaviour_logprobs[demo_rows].sum(1) < 0).all()
+    rows = [r for r in train(cfg, stages=stages).run_dir.joinpath("metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(r) for r in rows]
+    rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
+    if mode == "rescue":
+        assert any("demo_nll" in r for r in rows)

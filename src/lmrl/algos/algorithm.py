@@ -86,8 +86,14 @@ class Algorithm:
 
         True where every advantage of the row is 0, the loss is declared zero there
         (`zero_at_zero_advantage`: row-local and proportional to A), and no KL or entropy term
-        would still pull on the row. Denominators stay those of the whole batch (`scale`).
+        would still pull on the row (demonstration rows under `demo_nll_coef` always train).
+        Denominators stay those of the whole batch (`scale`).
         """
+        if self.cfg.demo_nll_coef > 0 and "demonstration" in batch.row_extras:
+            return self._inert_by_advantage(batch) & (batch.row_extras["demonstration"] == 0)
+        return self._inert_by_advantage(batch)
+
+    def _inert_by_advantage(self, batch: Batch) -> torch.Tensor:
         rows = batch.completion_mask.shape[0]
         if (not getattr(self.loss_fn, "zero_at_zero_advantage", False) or self.cfg.entropy_coef != 0
                 or (self.cfg.kl_coef > 0 and not self.cfg.kl_in_reward) or batch.advantages is None or self.critic):
@@ -227,6 +233,11 @@ class Algorithm:
         if self.cfg.entropy_coef != 0:
             token_loss = token_loss - self.cfg.entropy_coef * inputs.entropy
         total = self.aggregate(token_loss, mask, scale)
+        if self.cfg.demo_nll_coef > 0 and "demonstration" in inputs.extras:
+            demo = inputs.extras["demonstration"].to(inputs.logp.dtype)
+            per_row = -(inputs.logp * inputs.mask).sum(1) / inputs.mask.sum(1).clamp(min=1)
+            total = total + self.cfg.demo_nll_coef * (per_row * demo).sum() / max(scale.num_seqs, 1.0)
+            metrics["demo_nll"] = float((per_row.detach() * demo).sum() / demo.sum().clamp(min=1))
         if self.critic:
             x = inputs.extras
             value_loss, clipped = clipped_value_loss(x["values"], x["old_values"], x["returns"], self.cfg.value_clip)

@@ -8,6 +8,7 @@ from lmrl.algos.inputs import ALIASES, INPUT_KNOBS, MODEL_OUTPUTS, ROW_FIELD_INP
 from lmrl.algos.state import state_knobs
 from lmrl.config import Config, ConfigError
 from lmrl.data import GROUP_FILTERS, SAMPLERS
+from lmrl.data.demonstrations import template_fields
 from lmrl.engines import ENGINES
 from lmrl.envs import TASKS
 from lmrl.loops.pmi import pmi_field
@@ -62,6 +63,11 @@ def check_row_fields(cfg: Config, rows: list[dict]) -> None:
         fields.add(cfg.algo.group_by)
     if "pmi" in getattr(ADVANTAGES.get(cfg.algo.advantage), "requires", set()):
         fields.add(pmi_field(cfg.algo.advantage_params))
+    if cfg.data.demonstrations != "none":
+        missing = sorted(n for n in template_fields(cfg.task.demonstration) if any(n not in r for r in rows))
+        if missing:
+            raise ConfigError(f"task.demonstration={cfg.task.demonstration!r} reads the row fields {missing}, which "
+                              f"some task rows lack (they have: {', '.join(sorted(rows[0]))})")
     for name in sorted(fields):
         lacking = sum(name not in r for r in rows)
         if lacking and name == "prompt_variant":

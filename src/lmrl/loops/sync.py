@@ -13,6 +13,7 @@ import torch
 
 from lmrl.algos.inputs import ROW_FIELD_INPUTS, canonical
 from lmrl.config import Config
+from lmrl.data.demonstrations import add_demonstrations
 from lmrl.envs import rollout
 from lmrl.envs.single_turn import with_variants
 from lmrl.eval.evaluator import evaluate
@@ -55,7 +56,12 @@ def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float
         batches += 1
     metrics = {k: v / batches for k, v in metrics.items()}
     metrics.update({"data/gen_batches": float(batches), "data/kept_groups": float(min(len(kept), want))})
-    return seen, kept[:want], metrics
+    kept = kept[:want]
+    if s.cfg.data.demonstrations != "none":
+        kept, added = add_demonstrations(kept, s.cfg.data.demonstrations, s.cfg.task.demonstration, s.tokenizer,
+                                         s.scorer, s.cfg.reward.accuracy_component, s.tokenizer.eos_token_id)
+        metrics.update(added)
+    return seen, kept, metrics
 
 
 def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, float]:
@@ -128,6 +134,8 @@ def to_batch(groups: list[Group], pad_id: int, accuracy_component: str | None = 
         batch.context["reward_component_names"] = list(component_names)
     for name in sorted(row_fields):
         batch.row_extras[name] = row_field_tensor([r[name] for r in rows], name)
+    if any(x.info.get("demonstration") for x in samples):
+        batch.row_extras["demonstration"] = torch.tensor([float(bool(x.info.get("demonstration"))) for x in samples])
     return batch
 
 
@@ -136,6 +144,9 @@ def fill_inputs(s: Stages, batch, groups: list[Group], step: int) -> None:
     the step, reference log-probs, PMI, and the model outputs of a no-grad pass (values, hidden states,
     token entropies)."""
     batch.context.update(step=step, total_steps=s.cfg.trainer.steps)
+    if "demonstration" in batch.row_extras:  # not sampled by the engine: the current policy's log-probs
+        rows = batch.row_extras["demonstration"].nonzero().flatten().tolist()
+        batch.behaviour_logprobs[rows] = s.learner.logprobs(batch, rows=rows)[rows]
     if s.algorithm.needs_reference:
         batch.extras["ref_logp"] = s.learner.logprobs(batch, reference=True)
     if "pmi" in s.algorithm.requires:

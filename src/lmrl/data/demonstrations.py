@@ -1,0 +1,58 @@
+"""Demonstrations: reference completions from the task data added to the rollout groups.
+
+`task.demonstration` is a template over the task row's fields (e.g. "{solution}", or
+"Answer: {answer}"); its text, tokenised once and ended with EOS, becomes a Sample that was not
+sampled by the engine (its behaviour log-probs are the current policy's, filled by the loop before
+the update, so its importance ratio starts at 1). It is scored by the run's reward like any sample
+and flagged `info["demonstration"]`. Two ways to use it (`data.demonstrations`):
+
+- `group`: every kept group gets the demonstration as one more member, so group-relative
+  advantages compare the samples against it (GFT's group of the demonstration and model samples);
+- `rescue`: a group in which no sample succeeded gets it as a separate row with advantage 0, trained
+  only by the supervised term `algo.demo_nll_coef` (Mutual RL's SGT rescue set, with the reference
+  solution standing in for a peer's success).
+
+The text is data, not a rollout: tokenising it is the same as tokenising a prompt.
+"""
+from __future__ import annotations
+
+import string
+
+from lmrl.types import Group, Sample
+
+
+def template_fields(template: str) -> set[str]:
+    """The row fields a demonstration template reads."""
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
+
+
+def demonstration_sample(tokenizer, row: dict, template: str, eos_id: int | None) -> Sample:
+    text = template.format(**row)
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if eos_id is not None:
+        ids.append(eos_id)
+    return Sample(prompt_ids=list(row["prompt_ids"]), completion_ids=ids, behaviour_logprobs=[0.0] * len(ids),
+                  info={"text": text, "row": row, "demonstration": True})
+
+
+def succeeded(group: Group, accuracy_component: str) -> bool:
+    return any(x.excluded is None and (x.rewards.get(accuracy_component) or 0.0) >= 1.0 for x in group.samples)
+
+
+def add_demonstrations(groups: list[Group], mode: str, template: str, tokenizer, scorer, accuracy_component: str,
+                       eos_id: int | None) -> tuple[list[Group], dict[str, float]]:
+    """The groups with demonstrations added (see the module docstring) and how many were added."""
+    out, added = [], 0
+    for group in groups:
+        if mode == "rescue" and succeeded(group, accuracy_component):
+            out.append(group)
+            continue
+        demo = Group(uid=f"{group.uid}#demo", row=group.row,
+                     samples=[demonstration_sample(tokenizer, group.row, template, eos_id)])
+        scorer.score([demo])
+        added += 1
+        if mode == "group":
+            out.append(Group(uid=group.uid, row=group.row, samples=group.samples + demo.samples))
+        else:
+            out += [group, demo]
+    return out, {"data/demonstrations": float(added)}

@@ -1,0 +1,79 @@
+"""Demonstrations added to rollout groups (GFT's group member, SGT's rescue row) and their
+supervised term."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_tokenizer
+from lmrl.algos import Algorithm, LossInputs
+from lmrl.algos.aggregation import AggScale
+from lmrl.config import AlgoConfig, ConfigError, RewardConfig, build_config
+from lmrl.data.demonstrations import add_demonstrations, template_fields
+from lmrl.rewards import RewardScorer
+from lmrl.types import Group, Sample
+
+
+def group(uid: str, texts: list[str], answer: str = "7") -> Group:
+    row = {"uid": uid, "question": "q", "answer": answer, "prompt_ids": [1, 2]}
+    samples = [Sample([1, 2], [3], [-1.0], info={"text": t, "row": row}) for t in texts]
+    return Group(uid=uid, row=row, samples=samples)
+
+
+def scored(groups):
+    scorer = RewardScorer(RewardConfig())
+    scorer.score(groups)
+    return groups, scorer
+
+
+def test_group_mode_adds_the_scored_demonstration_to_every_group():
+    tok = make_tokenizer()
+    groups, scorer = scored([group("a", ["Answer: 7", "Answer: 3"]), group("b", ["Answer: 1", "Answer: 2"])])
+    out, metrics = add_demonstrations(groups, "group", "Answer: {answer}", tok, scorer, "answer", tok.eos_token_id)
+    assert [len(g.samples) for g in out] == [3, 3] and metrics == {"data/demonstrations": 2.0}
+    demo = out[0].samples[-1]
+    assert demo.info["demonstration"] and demo.reward == 1.0 and demo.info["text"] == "Answer: 7"
+    assert demo.completion_ids[-1] == tok.eos_token_id
+    assert demo.completion_ids[:-1] == tok("Answer: 7", add_special_tokens=False)["input_ids"]
+    assert demo.prompt_ids == [1, 2]
+
+
+def test_rescue_mode_adds_a_separate_row_only_where_nothing_succeeded():
+    tok = make_tokenizer()
+    groups, scorer = scored([group("a", ["Answer: 7", "Answer: 3"]), group("b", ["Answer: 1", "Answer: 2"])])
+    out, metrics = add_demonstrations(groups, "rescue", "Answer: {answer}", tok, scorer, "answer", None)
+    assert [g.uid for g in out] == ["a", "b", "b#demo"] and metrics == {"data/demonstrations": 1.0}
+    assert len(out[1].samples) == 2 and out[2].samples[0].info["demonstration"]
+
+
+def test_template_fields_and_config_checks():
+    assert template_fields("{solution} / Answer: {answer}") == {"solution", "answer"}
+    with pytest.raises(ConfigError, match="task.demonstration"):
+        build_config({"data": {"demonstrations": "rescue"}})
+    with pytest.raises(ConfigError, match="data.demonstrations"):
+        build_config({"algo": {"demo_nll_coef": 0.1}})
+
+
+def test_supervised_term_on_demonstration_rows_only():
+    algo = Algorithm(AlgoConfig(demo_nll_coef=0.5), max_new_tokens=4)
+    logp = torch.tensor([[-1.0, -3.0], [-2.0, 0.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    x = LossInputs(logp=logp, old_logp=logp.detach(), advantages=torch.zeros(2, 2), mask=mask,
+                   extras={"demonstration": torch.tensor([1.0, 0.0])})
+    loss, metrics = algo.objective(x, AggScale.of(mask))
+    # PG part is 0 (A = 0); the demo row's mean NLL is 2, times 0.5, over 2 sequences
+    assert float(loss) == pytest.approx(0.5 * 2.0 / 2) and metrics["demo_nll"] == pytest.approx(2.0)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.125, -0.125], [0.0, 0.0]]))
+
+
+def test_demonstration_rows_are_never_inert_under_the_supervised_term():
+    from lmrl.types import collate
+
+    samples = [Sample([1], [2, 3], [-1.0, -1.0], reward=0.0) for _ in range(3)]
+    batch = collate(samples, [0, 0, 1], pad_id=0)
+    batch.row_extras["demonstration"] = torch.tensor([0.0, 0.0, 1.0])
+    for coef, expected in ((0.0, [True, True, True]), (0.1, [True, True, False])):
+        algo = Algorithm(AlgoConfig(demo_nll_coef=coef), max_new_tokens=4)
+        algo.prepare(batch)
+        assert algo.inert_rows(batch).tolist() == expected
