@@ -157,3 +157,18 @@ def test_holm_rejects_all_when_all_pass():
 def test_holm_errors(pvalues, alpha):
     with pytest.raises(ValueError):
         holm(pvalues, alpha=alpha)
+
+
+def test_majority_correct_takes_each_problems_most_frequent_answer():
+    from lmrl.eval.evaluator import majority_correct
+    from lmrl.types import Group, Sample
+
+    def problem(*texts):
+        return Group("u", {"answer": "5"}, [Sample([1], [2], [0.0], info={"text": t}) for t in texts])
+
+    groups = [problem("Answer: 5", "Answer: 3", "so it is 5"),  # 5 wins 2-1 (a bare last number votes)
+              problem("Answer: 3", "Answer: 3", "Answer: 5"),   # 3 wins: wrong although one sample is right
+              problem("no number", "none either"),             # no answer at all
+              problem("Answer: 4", "Answer: 5")]                # tie: the first seen (4)
+    correct = [[True, False, True], [False, False, True], [False, False], [False, True]]
+    assert majority_correct(groups, correct) == [True, False, False, False]

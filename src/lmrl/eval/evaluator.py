@@ -1,5 +1,7 @@
-"""Held-out evaluation: greedy accuracy, and pass@k from sampled completions."""
+"""Held-out evaluation: greedy accuracy, and pass@k and majority-vote accuracy from sampled completions."""
 from __future__ import annotations
+
+from collections import Counter
 
 import torch
 
@@ -8,6 +10,7 @@ from lmrl.engines.base import SamplingParams
 from lmrl.envs.single_turn import rollout
 from lmrl.eval.metrics import mean_pass_at_k
 from lmrl.rewards.compute import RewardScorer
+from lmrl.rewards.group import answer_classes, sample_answer
 from lmrl.types import Group
 
 
@@ -15,9 +18,23 @@ def _correct(groups: list[Group], component: str) -> list[list[bool]]:
     return [[s.excluded is None and s.rewards.get(component, 0.0) >= 1.0 for s in g.samples] for g in groups]
 
 
+def majority_correct(groups: list[Group], correct: list[list[bool]]) -> list[bool]:
+    """Per problem: whether the most frequent answer of its samples (ties: the first seen; the last
+    number of a reply without an 'Answer:' marker) is a correct one. Problems with no answer: False."""
+    out = []
+    for group, right in zip(groups, correct):
+        ids = answer_classes([sample_answer(s, fallback="last_number") for s in group.samples])
+        votes = Counter(i for i in ids if i is not None)
+        label = votes.most_common(1)[0][0] if votes else None
+        out.append(label is not None and any(r for i, r in zip(ids, right) if i == label))
+    return out
+
+
 def evaluate(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: EvalConfig,
              max_new_tokens: int, accuracy_component: str, seed: int = 0) -> tuple[dict[str, float], list[Group]]:
-    """Greedy accuracy on `rows` (and pass@k with `cfg.samples` sampled completions per row)."""
+    """Greedy accuracy on `rows`; with `cfg.samples` > 1 sampled completions per row, pass@k and
+    maj@n (the accuracy of each problem's majority answer: what label-free majority-vote training
+    can at best teach)."""
     rows = rows[: cfg.num_prompts] if cfg.num_prompts else rows
     if not rows:
         return {}, []
@@ -46,4 +63,6 @@ def evaluate(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: Eva
         for k in cfg.pass_k:
             if k <= cfg.samples:
                 metrics[f"eval/pass@{k}"] = mean_pass_at_k(sampled_correct, k)
+        majority = majority_correct(sampled, sampled_correct)
+        metrics[f"eval/maj@{cfg.samples}"] = sum(majority) / len(majority)
     return metrics, greedy_groups
