@@ -78,8 +78,11 @@ def table(results: list[dict]) -> str:
     """One row per preset, sorted by mean held-out accuracy after training."""
     base = baseline_accuracy(results)
     runs = _runs(results)
-    presets = sorted(dict.fromkeys(r["preset"] for r in runs),
-                     key=lambda p: -statistics.mean(r["acc_after"] for r in runs if r["preset"] == p))
+    def mean_accuracy(preset: str) -> float:
+        accs = [r["acc_after"] for r in runs if r["preset"] == preset and math.isfinite(r["acc_after"])]
+        return statistics.mean(accs) if accs else float("-inf")
+
+    presets = sorted(dict.fromkeys(r["preset"] for r in runs), key=lambda p: -mean_accuracy(p))
     lines = ["| preset | seeds | held-out acc. after | gain | mean length | mean rollout entropy | train time (s) |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for preset in presets:
@@ -117,11 +120,13 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def load_results(paths: list[Path]) -> list[dict]:
-    merged: list[dict] = []
+    """The runs of every file, each (preset, seed, steps) once (the first file wins)."""
+    merged: dict[tuple, dict] = {}
     for path in paths:
         if path.exists():
-            merged += json.loads(path.read_text())
-    return merged
+            for r in json.loads(path.read_text()):
+                merged.setdefault((r["preset"], r["seed"], r.get("steps")), r)
+    return list(merged.values())
 
 
 def write_report(results: list[dict], out: Path) -> str:

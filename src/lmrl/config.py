@@ -107,7 +107,7 @@ class AlgoConfig(Section):
     rejected_tokens: Literal["drop", "keep"] = "drop"  # rejection losses: drop rejected tokens from the loss mask
     group_by: str | None = None  # task row field whose equal values form one advantage group (default: the prompt)
     cost_aware_fraction: float = Field(0.0, ge=0)  # Cost-Aware GRPO: draws per row (0 = off; 0.5 = half the rows)
-    demo_nll_coef: float = Field(0.0, ge=0)  # supervised term -coef·mean log p on demonstration rows (SGT)
+    demo_nll_coef: float = Field(0.0, ge=0)  # SGT: + coef · Σ_demo rows (−mean log p) / rows in the batch
 
 
 class TrainerConfig(Section):
@@ -174,6 +174,9 @@ class Config(Section):
         if self.data.demonstrations != "none" and not self.task.demonstration:
             raise ValueError(f"data.demonstrations={self.data.demonstrations} needs task.demonstration, a template "
                              "over the task row's fields (e.g. '{solution}' or 'Answer: {answer}')")
+        if self.data.demonstrations == "rescue" and a.critic:
+            raise ValueError("data.demonstrations=rescue leaves its rows out of the advantage estimate, which "
+                             "algo.critic=true (value targets for every row) does not support; use group or no critic")
         if a.demo_nll_coef > 0 and self.data.demonstrations == "none":
             raise ValueError("algo.demo_nll_coef > 0 trains on demonstration rows, but data.demonstrations=none "
                              "adds none; set data.demonstrations=rescue (or group) and task.demonstration")

@@ -99,3 +99,21 @@ def test_demonstrations_train_in_the_loop(tmp_path, mode, algo):
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
     if mode == "rescue":
         assert any("demo_nll" in r for r in rows)
+
+
+def test_group_filter_keeps_or_drops_a_prompt_with_its_variants(tmp_path):
+    """DAPO's filter with prompt variants judges each prompt on its pooled groups: kept groups come
+    in (plain, variant) pairs of the same prompt."""
+    from lmrl.loops.sync import collect_groups
+
+    cfg = toy_config(tmp_path, 2, {"preset": "policy_split"}, {})
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"group_filter": "nonzero_std"})})
+    tok = make_tokenizer()
+    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
+    seen, kept, metrics = collect_groups(stages)
+    assert len(kept) % 2 == 0 and kept
+    for plain, variant in zip(kept[::2], kept[1::2]):
+        assert (plain.row["prompt_variant"], variant.row["prompt_variant"]) == (0, 1)
+        assert variant.row["variant_of"] == plain.row["uid"]
+        rewards = {x.reward for x in plain.samples + variant.samples}
+        assert len(rewards) > 1  # the pooled group has signal (each half alone may not)

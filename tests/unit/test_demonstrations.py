@@ -77,3 +77,18 @@ def test_demonstration_rows_are_never_inert_under_the_supervised_term():
         algo = Algorithm(AlgoConfig(demo_nll_coef=coef), max_new_tokens=4)
         algo.prepare(batch)
         assert algo.inert_rows(batch).tolist() == expected
+
+
+def test_rescue_rows_stay_out_of_the_advantage_estimate():
+    """A failed group (rewards 0, 0) plus its rescue demonstration (reward 1): under GRPO the demo is
+    not a group of one with A = r, and it does not move the failed rows; both stay at 0."""
+    from lmrl.types import collate
+
+    samples = [Sample([1], [2, 3], [-1.0, -1.0], reward=r) for r in (1.0, 0.0, 0.0, 0.0, 1.0)]
+    batch = collate(samples, [0, 0, 1, 1, 2], pad_id=0)
+    batch.row_extras["demonstration"] = torch.tensor([0.0, 0.0, 0.0, 0.0, 2.0])
+    for advantage in ("grpo", "dr_grpo", "reinforce_pp_baseline", "rloo"):
+        algo = Algorithm(AlgoConfig(advantage=advantage, demo_nll_coef=0.1), max_new_tokens=4)
+        algo.prepare(batch)
+        assert batch.advantages[2:].abs().sum() == 0, advantage
+        assert batch.advantages[0].abs().sum() > 0, advantage

@@ -153,10 +153,23 @@ class Algorithm:
         """Restore the states this configuration has; a saved state of another method is ignored."""
         for name, saved in state.items():
             mine = self.states.get(name)
-            if mine is not None and type(mine).__name__ == saved["kind"]:
+            if mine is not None and isinstance(saved, dict) and type(mine).__name__ == saved.get("kind"):
                 mine.load_state_dict(saved["state"])
 
     def _prepare(self, batch: Batch) -> dict[str, float]:
+        """Advantages of the batch; rescue demonstrations (code 2) are left out of the estimate, A = 0."""
+        codes = batch.row_extras.get("demonstration")
+        if codes is None or not bool((codes == 2).any()):
+            return self._estimate(batch)
+        sampled = (codes != 2).nonzero().flatten().tolist()
+        part = batch.select(sampled)
+        metrics = self._estimate(part)
+        batch.advantages = torch.zeros_like(batch.completion_mask)
+        batch.advantages[sampled, : part.advantages.shape[1]] = part.advantages
+        batch.extras.setdefault("rollout_logp", batch.behaviour_logprobs)
+        return metrics
+
+    def _estimate(self, batch: Batch) -> dict[str, float]:
         mask = batch.completion_mask
         rewards = batch.sequence_rewards.clone()
         metrics: dict[str, float] = {}
@@ -234,10 +247,11 @@ class Algorithm:
             token_loss = token_loss - self.cfg.entropy_coef * inputs.entropy
         total = self.aggregate(token_loss, mask, scale)
         if self.cfg.demo_nll_coef > 0 and "demonstration" in inputs.extras:
-            demo = inputs.extras["demonstration"].to(inputs.logp.dtype)
+            demo = (inputs.extras["demonstration"] > 0).to(inputs.logp.dtype)
             per_row = -(inputs.logp * inputs.mask).sum(1) / inputs.mask.sum(1).clamp(min=1)
             total = total + self.cfg.demo_nll_coef * (per_row * demo).sum() / max(scale.num_seqs, 1.0)
-            metrics["demo_nll"] = float((per_row.detach() * demo).sum() / demo.sum().clamp(min=1))
+            if demo.sum() > 0:
+                metrics["demo_nll"] = float((per_row.detach() * demo).sum() / demo.sum())
         if self.critic:
             x = inputs.extras
             value_loss, clipped = clipped_value_loss(x["values"], x["old_values"], x["returns"], self.cfg.value_clip)

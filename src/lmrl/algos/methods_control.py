@@ -79,12 +79,16 @@ def acrl_discrepancy(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask:
     return _masked_mean(torch.expm1(lr) - lr, mask)
 
 
-def acrl_next_band(band: float, discrepancy: float, d_low: float = 1e-3, d_high: float = 1e-2,
-                   kappa: float = 1.25, band_min: float = 1.1, band_max: float = 10.0) -> float:
-    """One controller step: c/κ when D > d_high (tighten), c·κ when D < d_low (widen), kept in bounds."""
+def check_acrl_controller(d_low: float, d_high: float, kappa: float, band_min: float, band_max: float) -> None:
     if not (kappa > 1 and 1 < band_min <= band_max and 0 <= d_low <= d_high):
         raise ValueError(f"ACRL controller needs kappa > 1, 1 < band_min <= band_max, 0 <= d_low <= d_high; "
                          f"got kappa={kappa}, band=[{band_min}, {band_max}], d=[{d_low}, {d_high}]")
+
+
+def acrl_next_band(band: float, discrepancy: float, d_low: float = 1e-3, d_high: float = 1e-2,
+                   kappa: float = 1.25, band_min: float = 1.1, band_max: float = 10.0) -> float:
+    """One controller step: c/κ when D > d_high (tighten), c·κ when D < d_low (widen), kept in bounds."""
+    check_acrl_controller(d_low, d_high, kappa, band_min, band_max)
     if discrepancy > d_high:
         band = band / kappa
     elif discrepancy < d_low:
@@ -204,7 +208,7 @@ class PolicyImprovementMonitor:
 
 @ADVANTAGES.register("pipo", "PIPO: base advantages, plus a replay of the previous batch with verdict ξ x its advantages")
 def pipo(token_rewards, group_index, mask, reward_window=None, current_reward_mean=None, base: str = "grpo",
-         eps: float = 1e-6, verdict_clip: float | None = None, **knobs):
+         eps: float = 1e-6, verdict_clip: float | None = 5.0, **knobs):
     """PIPO, Policy Improvement PO (arXiv 2604.00860; spec §16). Confidence: medium-low — μ_his and ξ
     from the project page, the PI-reward formula r^PI = ξ·Â is a reconstruction.
 
@@ -215,7 +219,8 @@ def pipo(token_rewards, group_index, mask, reward_window=None, current_reward_me
     reward and reinforces it (ξ > 0) or undoes it (ξ < 0).
 
     r^PI is used directly as the advantage (it is already centred per group; renormalising it would
-    cancel the size of ξ). In the loop, `PipoReplay` (`algos/state.py`) keeps the window and
+    cancel the size of ξ). |ξ| is clipped at `verdict_clip` (5, lmrl's choice; the spec's example
+    gives 3.13): a window of nearly equal means has σ ≈ 0 and would give an unbounded ξ. In the loop, `PipoReplay` (`algos/state.py`) keeps the window and
     B_{t−1} and asks for the replay update.
     """
     if base == "pipo":

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from lmrl.algos.methods_control import AcrlController, PolicyImprovementMonitor, acrl_next_band
+from lmrl.algos.methods_control import AcrlController, PolicyImprovementMonitor, check_acrl_controller, pipo_verdict
 from lmrl.algos.methods_group import GroupEntropyStats, _per_group_token_mean
 
 
@@ -86,8 +86,7 @@ class AcrlBand:
                  acrl_kappa: float = 1.25, acrl_band_min: float = 1.1, acrl_band_max: float = 10.0,
                  acrl_adaptive: bool = True, **_):
         self.adaptive = acrl_adaptive
-        acrl_next_band(acrl_band_min, acrl_d_low, acrl_d_low, acrl_d_high, acrl_kappa, acrl_band_min,
-                       acrl_band_max)  # validates the controller knobs
+        check_acrl_controller(acrl_d_low, acrl_d_high, acrl_kappa, acrl_band_min, acrl_band_max)
         if acrl_adaptive and not acrl_band_min <= acrl_band <= acrl_band_max:
             raise ValueError(f"acrl_band={acrl_band} must lie in [acrl_band_min, acrl_band_max] = "
                              f"[{acrl_band_min}, {acrl_band_max}] when the band adapts")
@@ -115,25 +114,30 @@ class PipoReplay:
     Step t: the batch B_t gets the base advantages (no verdict inputs); after its update, B_{t−1}
     comes back for one extra update with `reward_window` (the K earlier batch means) and
     `current_reward_mean` μ_t, so `pipo` gives it ξ_t·Â_{t−1}. No replay until the window holds 2
-    means. Knob `pipo_window` (K = 4). The window is checkpointed; the stored batch is not, so the
-    first step after a resume has no replay.
+    means, and none while the verdict is 0 (it would only move Adam's momentum). μ_t is the mean
+    reward of the sampled rows (demonstration rows left out). The replay does not advance the
+    learning-rate schedule. Knob `pipo_window` (K = 4). The window is checkpointed; the stored batch
+    is not, so the first step after a resume has no replay.
     """
 
     knobs = ("pipo_window",)
 
-    def __init__(self, pipo_window: int = 4, eps: float = 1e-6, verdict_clip: float | None = None, **_):
+    def __init__(self, pipo_window: int = 4, eps: float = 1e-6, verdict_clip: float | None = 5.0, **_):
         self.monitor = PolicyImprovementMonitor(size=int(pipo_window), eps=eps, verdict_clip=verdict_clip)
         self.previous = None
         self.current: float | None = None
 
     def before_prepare(self, batch) -> None:
-        self.current = float(batch.sequence_rewards.mean())
+        sampled = batch.row_extras.get("demonstration", torch.zeros(batch.num_rows)) == 0
+        self.current = float(batch.sequence_rewards[sampled].mean())
 
     def replay(self, batch):
         previous, self.previous = self.previous, batch
         window = list(self.monitor.window)
         self.monitor.push(self.current)
         if previous is None or len(window) < 2:
+            return None
+        if pipo_verdict(window, self.current, self.monitor.eps, self.monitor.verdict_clip) == 0:
             return None
         previous.context.update(reward_window=window, current_reward_mean=self.current)
         previous.extras.pop("old_logp", None)  # the replay's proximal policy is the current one

@@ -8,9 +8,13 @@ and flagged `info["demonstration"]`. Two ways to use it (`data.demonstrations`):
 
 - `group`: every kept group gets the demonstration as one more member, so group-relative
   advantages compare the samples against it (GFT's group of the demonstration and model samples);
-- `rescue`: a group in which no sample succeeded gets it as a separate row with advantage 0, trained
-  only by the supervised term `algo.demo_nll_coef` (Mutual RL's SGT rescue set, with the reference
-  solution standing in for a peer's success).
+- `rescue`: a group in which no sample succeeded gets it as a separate row, left out of the
+  advantage estimation (advantage 0, never pooled by `algo.group_by`) and trained only by the
+  supervised term `algo.demo_nll_coef` (Mutual RL's SGT rescue set, with the reference solution
+  standing in for a peer's success).
+
+Demonstrations are scored alone, so the run's reward must be per sample (no group components, and
+a per-sample aggregation); the config check says so.
 
 The text is data, not a rollout: tokenising it is the same as tokenising a prompt.
 """
@@ -21,18 +25,22 @@ import string
 from lmrl.types import Group, Sample
 
 
+# `Batch.row_extras["demonstration"]` values: 0 sampled row, 1 group member (`group`), 2 rescue row
+DEMO_CODES = {"group": 1.0, "rescue": 2.0}
+
+
 def template_fields(template: str) -> set[str]:
-    """The row fields a demonstration template reads."""
-    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
+    """The row fields a demonstration template reads ("{a[0]}" and "{a.b}" read the field a)."""
+    return {name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(template) if name}
 
 
-def demonstration_sample(tokenizer, row: dict, template: str, eos_id: int | None) -> Sample:
+def demonstration_sample(tokenizer, row: dict, template: str, eos_id: int | None, mode: str = "group") -> Sample:
     text = template.format(**row)
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     if eos_id is not None:
         ids.append(eos_id)
     return Sample(prompt_ids=list(row["prompt_ids"]), completion_ids=ids, behaviour_logprobs=[0.0] * len(ids),
-                  info={"text": text, "row": row, "demonstration": True})
+                  info={"text": text, "row": row, "demonstration": mode})
 
 
 def succeeded(group: Group, accuracy_component: str) -> bool:
@@ -48,7 +56,7 @@ def add_demonstrations(groups: list[Group], mode: str, template: str, tokenizer,
             out.append(group)
             continue
         demo = Group(uid=f"{group.uid}#demo", row=group.row,
-                     samples=[demonstration_sample(tokenizer, group.row, template, eos_id)])
+                     samples=[demonstration_sample(tokenizer, group.row, template, eos_id, mode)])
         scorer.score([demo])
         added += 1
         if mode == "group":

@@ -156,8 +156,12 @@ class Learner:
             out[[targets[r] for r in micro_rows], : logp.shape[1]] = logp.cpu()
         return out
 
-    def update(self, batch: Batch, algorithm) -> dict[str, float]:
+    def update(self, batch: Batch, algorithm, step_scheduler: bool = True) -> dict[str, float]:
         """Optimise the policy on one prepared batch; returns averaged metrics.
+
+        Each metric is averaged over the micro-batches that report it, weighted by their tokens.
+        `step_scheduler=False` leaves the learning-rate schedule where it is (an extra update within
+        one training step, e.g. a replay).
 
         Rows the algorithm declares inert (zero loss and gradient, e.g. a group whose rewards are
         all equal) get no forward or backward pass; the loss denominators still count them, so the
@@ -174,7 +178,7 @@ class Learner:
         elif steps_per_batch > 1:
             batch.extras["old_logp"] = self.logprobs(batch, rows=live)
         totals: dict[str, float] = {}
-        weight_sum = 0.0
+        weights: dict[str, float] = {}
         skipped = 0
         grad_norms, critic_norms = [], []
         for _ in range(self.cfg.epochs):
@@ -192,9 +196,9 @@ class Learner:
                         break
                     loss.backward()
                     w = float(micro.completion_mask.sum())
-                    weight_sum += w
                     for k, v in metrics.items():
                         totals[k] = totals.get(k, 0.0) + v * w
+                        weights[k] = weights.get(k, 0.0) + w
                 norm = self._clip_and_norm(self.model.parameters()) if finite else float("nan")
                 critic_norm = self._clip_and_norm(self.value_head.parameters()) if finite and self.value_head else 0.0
                 if not finite or not math.isfinite(norm) or not math.isfinite(critic_norm):
@@ -205,8 +209,9 @@ class Learner:
                 critic_norms.append(critic_norm)
                 self.optimizer_steps += 1  # counted first: weights may change from here on
                 self.optimizer.step()
-        self.scheduler.step()
-        out = {k: v / max(weight_sum, 1.0) for k, v in totals.items()}
+        if step_scheduler:
+            self.scheduler.step()
+        out = {k: v / max(weights[k], 1.0) for k, v in totals.items()}
         out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         if self.value_head is not None:
             out["critic/grad_norm"] = sum(critic_norms) / len(critic_norms) if critic_norms else float("nan")

@@ -55,6 +55,23 @@ def check_combinations(cfg: Config) -> None:
                           f"algo.loss={a.loss} rejects none")
 
 
+PER_SAMPLE_AGGREGATIONS = {"weighted_sum", "bottleneck", "gated"}
+
+
+def check_demonstrations(cfg: Config) -> None:
+    """A demonstration is scored on its own: every reward part it meets must be per sample."""
+    if cfg.data.demonstrations == "none":
+        return
+    group = [c.name for c in cfg.reward.components if c.name in GROUP_REWARD_FNS]
+    if group:
+        raise ConfigError(f"data.demonstrations={cfg.data.demonstrations} scores each demonstration alone, but the "
+                          f"reward components {group} score whole groups; use per-sample components")
+    if cfg.reward.aggregation not in PER_SAMPLE_AGGREGATIONS:
+        raise ConfigError(f"data.demonstrations={cfg.data.demonstrations} scores each demonstration alone, but "
+                          f"reward.aggregation={cfg.reward.aggregation} normalises within a group; use one of "
+                          f"{sorted(PER_SAMPLE_AGGREGATIONS)}")
+
+
 def check_row_fields(cfg: Config, rows: list[dict]) -> None:
     """Task row fields the algorithm reads (and `algo.group_by`) must be present in every training row."""
     fields = (getattr(ADVANTAGES.get(cfg.algo.advantage), "requires", set()) | getattr(
@@ -108,6 +125,7 @@ def check_names(cfg: Config) -> None:
                               f"at least 2 reward components to combine; reward.components has "
                               f"{[c.name for c in cfg.reward.components]}")
     check_combinations(cfg)
+    check_demonstrations(cfg)
     names = [c.name for c in cfg.reward.components]
     if len(set(names)) != len(names):
         raise ConfigError(f"reward.components: each component may appear once (got {names})")

@@ -55,6 +55,10 @@ def prepare_data(cfg: Config, tokenizer) -> tuple[list[dict], list[dict], dict[s
         raise TaskError(f"every training prompt is longer than task.max_prompt_tokens={cfg.task.max_prompt_tokens}")
     if cfg.task.prompt_variants:
         train = add_prompt_variants(tokenizer, train, cfg.task.prompt_variants, cfg.task.system_prompt)
+        longest = max(len(v["prompt_ids"]) for r in train for v in r["variants"])
+        if longest > cfg.task.max_prompt_tokens:
+            raise TaskError(f"a task.prompt_variants prompt is {longest} tokens, over task.max_prompt_tokens="
+                            f"{cfg.task.max_prompt_tokens}; shorten the instruction or raise the limit")
     return train, held, {"data/dropped_long_prompts": float(dropped_train + dropped_eval)}
 
 

@@ -13,7 +13,7 @@ import torch
 
 from lmrl.algos.inputs import ROW_FIELD_INPUTS, canonical
 from lmrl.config import Config
-from lmrl.data.demonstrations import add_demonstrations
+from lmrl.data.demonstrations import DEMO_CODES, add_demonstrations
 from lmrl.envs import rollout
 from lmrl.envs.single_turn import with_variants
 from lmrl.eval.evaluator import evaluate
@@ -35,33 +35,42 @@ class RunResult:
 
 
 def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float]]:
-    """Roll out until enough groups pass the group filter (or the generation budget runs out).
+    """Roll out until enough prompts pass the group filter (or the generation budget runs out).
 
     Returns every group generated (for metrics), the kept groups (for the update) and metrics. With
-    `task.prompt_variants`, each prompt brings one group per variant.
+    `task.prompt_variants`, a prompt brings one group per variant; the filter judges and keeps or
+    drops a prompt's groups together, on their pooled samples.
     """
     prompts, n = s.cfg.rollout.prompts_per_step, s.cfg.rollout.group_size
-    want = prompts * (1 + len(s.cfg.task.prompt_variants))
-    kept: list[Group] = []
+    family = 1 + len(s.cfg.task.prompt_variants)
+    kept: list[list[Group]] = []
     seen: list[Group] = []
     metrics: dict[str, float] = {}
     batches = 0
-    while len(kept) < want and (s.cfg.data.max_gen_batches == 0 or batches < s.cfg.data.max_gen_batches):
+    while len(kept) < prompts and (s.cfg.data.max_gen_batches == 0 or batches < s.cfg.data.max_gen_batches):
         groups = rollout(s.engine, s.tokenizer, with_variants(s.sampler.next_prompts(prompts)), n, s.params,
                          s.generator)
         for k, v in s.scorer.score(groups).items():
             metrics[k] = metrics.get(k, 0.0) + v
         seen += groups
-        kept += [g for g in groups if s.keep_group(g)]
+        families = [groups[i: i + family] for i in range(0, len(groups), family)]
+        kept += [f for f in families if s.keep_group(pooled(f))]
         batches += 1
     metrics = {k: v / batches for k, v in metrics.items()}
-    metrics.update({"data/gen_batches": float(batches), "data/kept_groups": float(min(len(kept), want))})
-    kept = kept[:want]
+    metrics.update({"data/gen_batches": float(batches), "data/kept_groups": float(min(len(kept), prompts))})
+    chosen = [g for f in kept[:prompts] for g in f]
     if s.cfg.data.demonstrations != "none":
-        kept, added = add_demonstrations(kept, s.cfg.data.demonstrations, s.cfg.task.demonstration, s.tokenizer,
-                                         s.scorer, s.cfg.reward.accuracy_component, s.tokenizer.eos_token_id)
+        chosen, added = add_demonstrations(chosen, s.cfg.data.demonstrations, s.cfg.task.demonstration, s.tokenizer,
+                                           s.scorer, s.cfg.reward.accuracy_component, s.tokenizer.eos_token_id)
         metrics.update(added)
-    return seen, kept, metrics
+    return seen, chosen, metrics
+
+
+def pooled(groups: list[Group]) -> Group:
+    """One prompt's groups (itself and its variants) as a single group, for the group filter."""
+    if len(groups) == 1:
+        return groups[0]
+    return Group(uid=groups[0].uid, row=groups[0].row, samples=[x for g in groups for x in g.samples])
 
 
 def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, float]:
@@ -115,7 +124,8 @@ def to_batch(groups: list[Group], pad_id: int, accuracy_component: str | None = 
     for gi, g in enumerate(groups):
         scored = scored_samples(g)
         correct = [float(x.rewards.get(accuracy_component, 0.0) >= 1.0) for x in scored]
-        key = gi if group_by is None else repr(g.row[group_by])
+        rescue = any(x.info.get("demonstration") == "rescue" for x in scored)
+        key = ("rescue", gi) if rescue else gi if group_by is None else repr(g.row[group_by])
         group = keys.setdefault(key, len(keys))
         for x, c in zip(scored, correct):
             samples.append(x)
@@ -135,7 +145,8 @@ def to_batch(groups: list[Group], pad_id: int, accuracy_component: str | None = 
     for name in sorted(row_fields):
         batch.row_extras[name] = row_field_tensor([r[name] for r in rows], name)
     if any(x.info.get("demonstration") for x in samples):
-        batch.row_extras["demonstration"] = torch.tensor([float(bool(x.info.get("demonstration"))) for x in samples])
+        batch.row_extras["demonstration"] = torch.tensor([DEMO_CODES.get(x.info.get("demonstration"), 0.0)
+                                                          for x in samples])
     return batch
 
 
@@ -155,6 +166,12 @@ def fill_inputs(s: Stages, batch, groups: list[Group], step: int) -> None:
                                   pmi_field(s.cfg.algo.advantage_params))
     if s.algorithm.prepare_outputs:
         batch.extras.update(s.learner.model_outputs(batch, s.algorithm.prepare_outputs, s.algorithm.hidden_layer))
+
+
+def step_boundary(s: Stages, gens: dict) -> dict:
+    """Everything besides the weights that a checkpoint at the end of this step must restore."""
+    return {"sampler": s.sampler.state_dict(), "rng": rng_state(gens), "algorithm": s.algorithm.state_dict(),
+            "rewards": s.scorer.state_dict()}
 
 
 def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None) -> RunResult:
@@ -196,8 +213,7 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
 
     if start == 0 and cfg.eval.at_start and s.eval_rows:
         result.eval_before = evaluate_now(0)
-    boundary = {"sampler": s.sampler.state_dict(), "rng": rng_state(gens), "algorithm": s.algorithm.state_dict(),
-                "rewards": s.scorer.state_dict()}
+    boundary = step_boundary(s, gens)
     done, saved, updates_at_boundary = start, start, s.learner.optimizer_steps
     progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress)
     try:
@@ -217,14 +233,14 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
                     metrics.update(s.learner.update(batch, s.algorithm))
                     metrics.update(s.algorithm.after_update(batch, metrics))
                     for extra in s.algorithm.replays(batch):
-                        metrics.update({f"replay/{k}": v for k, v in s.learner.update(extra, s.algorithm).items()})
+                        replayed = s.learner.update(extra, s.algorithm, step_scheduler=False)
+                        metrics.update({f"replay/{k}": v for k, v in replayed.items()})
                     s.engine.update_weights(None, step)
                 else:
                     metrics["skipped_updates"] = 1.0
                 t_train = time.perf_counter() - t1
                 done, updates_at_boundary = step, s.learner.optimizer_steps
-                boundary = {"sampler": s.sampler.state_dict(), "rng": rng_state(gens),
-                            "algorithm": s.algorithm.state_dict(), "rewards": s.scorer.state_dict()}
+                boundary = step_boundary(s, gens)
                 result.train_seconds += time.perf_counter() - t0
                 metrics.update({"timing/rollout_s": t_rollout, "timing/train_s": t_train,
                                 "timing/step_s": time.perf_counter() - t0, "tokens_per_s": generated / t_rollout,

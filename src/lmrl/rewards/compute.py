@@ -85,13 +85,13 @@ class RewardScorer:
             if cfg.concurrency > 1 else None
 
     def state_dict(self) -> dict:
-        """State of the stateful components that have one (e.g. the MEDS memory), by name."""
-        return {c.name: c.instance.state_dict() for c in self.components if hasattr(c.instance, "state_dict")}
+        """Run state of the stateful components that keep one (`reward_state()`, e.g. the MEDS memory)."""
+        return {c.name: c.instance.reward_state() for c in self.components if hasattr(c.instance, "reward_state")}
 
     def load_state_dict(self, state: dict) -> None:
         for c in self.components:
-            if c.name in state and hasattr(c.instance, "load_state_dict"):
-                c.instance.load_state_dict(state[c.name])
+            if c.name in state and hasattr(c.instance, "load_reward_state"):
+                c.instance.load_reward_state(state[c.name])
 
     def _run(self, comp: _Component, arg) -> tuple[Any, str | None]:
         """One call under the timeout: (raw value, None) or (None, problem)."""

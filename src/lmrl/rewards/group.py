@@ -369,14 +369,14 @@ class MEDS:
         with self.lock:
             return self._score(samples)
 
-    def state_dict(self) -> dict:
+    def reward_state(self) -> dict:
         """The memory (saved in checkpoints, so a resumed run penalises the same clusters)."""
         with self.lock:
             return {"memory": [{"prompt": list(p), "correct": c, "vectors": [v.copy() for v in slot["vectors"]],
                                 "labels": None if slot["labels"] is None else slot["labels"].copy()}
                                for (p, c), slot in self.memory.items()]}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_reward_state(self, state: dict) -> None:
         with self.lock:
             self.memory = {(tuple(e["prompt"]), e["correct"]): {"vectors": list(e["vectors"]), "labels": e["labels"]}
                            for e in state["memory"]}
