@@ -13,8 +13,8 @@ import torch
 from lmrl.algos.advantages import ADVANTAGES
 from lmrl.config import RewardConfig
 from lmrl.rewards import GROUP_REWARD_FNS, RewardScorer
-from lmrl.rewards.group import (MEDS, answer_classes, consensus_rewards, hdbscan_labels, meds_penalty, meds_shape,
-                                minmax, tactic_counts, tactic_entropy, tactic_kl)
+from lmrl.rewards.group import MEDS, answer_classes, consensus_rewards, hdbscan_labels, meds_penalty, meds_shape
+from lmrl.rewards.novelty import minmax, tactic_counts, tactic_entropy, tactic_kl
 from lmrl.types import Group, Sample
 
 majority_vote = GROUP_REWARD_FNS.get("majority_vote")

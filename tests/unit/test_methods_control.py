@@ -15,7 +15,7 @@ from lmrl.algos.methods_control import (
     acrl_next_band,
     pipo_verdict,
 )
-from lmrl.config import ConfigError, build_config
+from lmrl.config import build_config
 from lmrl.loops.build import check_names
 
 

@@ -16,7 +16,7 @@ from lmrl.algos.methods_group import (
     hargo_modulate,
     sequence_confidence,
 )
-from lmrl.config import ConfigError, build_config
+from lmrl.config import build_config
 from lmrl.loops.build import check_names
 
 SQRT_HALF = math.sqrt(0.5)  # GRPO advantage of rewards [1, 0]: ±0.5 / std([1, 0]) = ±0.7071

@@ -33,7 +33,6 @@ import functools
 import json
 import os
 import pwd
-import resource
 import selectors
 import shutil
 import signal
