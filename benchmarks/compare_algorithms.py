@@ -97,24 +97,36 @@ def table(results: list[dict]) -> str:
 
 
 def plot(results: list[dict], path: Path) -> None:
+    """Held-out accuracy per preset (bars: mean, dots: seeds) and the per-step curves."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     runs = _runs(results)
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    presets = sorted(dict.fromkeys(r["preset"] for r in runs))
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.6), gridspec_kw={"width_ratios": [1.1, 1, 1, 1]})
+    by_acc = sorted(presets, key=lambda p: statistics.mean(r["acc_after"] for r in runs if r["preset"] == p))
+    for y, preset in enumerate(by_acc):
+        accs = [r["acc_after"] for r in runs if r["preset"] == preset]
+        axes[0].barh(y, statistics.mean(accs), color="tab:blue", alpha=0.4)
+        axes[0].plot(accs, [y] * len(accs), "o", color="tab:blue", markersize=3)
+    axes[0].axvline(baseline_accuracy(results), color="grey", linestyle=":", label="untrained")
+    axes[0].set_yticks(range(len(by_acc)), by_acc, fontsize=7)
+    axes[0].set_title("held-out accuracy after training")
+    axes[0].legend(fontsize=7)
     cmap = plt.get_cmap("tab20")
-    for i, preset in enumerate(sorted(dict.fromkeys(r["preset"] for r in runs))):
+    for i, preset in enumerate(presets):
         rs = [r for r in runs if r["preset"] == preset]
-        for ax, key in zip(axes, ("train_acc", "length", "entropy")):
+        for ax, key in zip(axes[1:], ("train_acc", "length", "entropy")):
             curve = [statistics.mean(vals) for vals in zip(*(r[key] for r in rs))]
             ax.plot(range(1, len(curve) + 1), curve, label=preset, color=cmap(i % 20),
-                    linestyle="-" if i < 10 else "--")
-    for ax, title in zip(axes, ("training accuracy (mean over seeds)", "mean completion length", "rollout entropy")):
+                    linestyle="-" if i < 12 else "--")
+    for ax, title in zip(axes[1:], ("training accuracy (mean over seeds)", "mean completion length",
+                                    "rollout entropy")):
         ax.set_title(title)
         ax.set_xlabel("step")
-    axes[0].legend(fontsize=7, ncol=2)
+    axes[1].legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
