@@ -178,3 +178,24 @@ def test_concurrency_scores_a_groups_samples_at_once(monkeypatch):
         scorer.score([g])
         assert all((x.excluded is None) == ok for x in g.samples), concurrency
         assert ok or all("BrokenBarrierError" in x.excluded for x in g.samples)
+
+
+def test_hung_calls_do_not_starve_later_samples(monkeypatch):
+    """Six calls hang past the timeout (more than the pool's 4 workers); the calls after them still
+    run on fresh workers instead of queueing behind the hung ones."""
+    import threading
+
+    release = threading.Event()
+    calls = {"n": 0}
+
+    def sometimes_hangs(s, **_):
+        calls["n"] += 1
+        if calls["n"] <= 6:
+            release.wait(10)
+        return 1.0
+
+    scorer = _scorer(monkeypatch, sometimes_hangs, timeout=0.2)
+    g = Group("u", {"answer": "42"}, [sample("Answer: 42") for _ in range(10)])
+    scorer.score([g])
+    release.set()
+    assert [x.excluded is None for x in g.samples] == [False] * 6 + [True] * 4

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 from typing import Any, Callable
@@ -80,7 +81,9 @@ class RewardScorer:
         self.components = [_Component(c.name, c.weight, c.params, c.timeout_s or cfg.timeout_s)
                            for c in cfg.components]
         self.aggregate = REWARD_AGGREGATIONS.get(cfg.aggregation)
-        self.pool = ThreadPoolExecutor(max_workers=max(4, 2 * cfg.concurrency), thread_name_prefix="reward")
+        self.pool_size = max(4, 2 * cfg.concurrency)
+        self.pool = ThreadPoolExecutor(max_workers=self.pool_size, thread_name_prefix="reward")
+        self.lock = threading.Lock()
         self.fan_out = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="reward-sample") \
             if cfg.concurrency > 1 else None
 
@@ -94,11 +97,20 @@ class RewardScorer:
                 c.instance.load_reward_state(state[c.name])
 
     def _run(self, comp: _Component, arg) -> tuple[Any, str | None]:
-        """One call under the timeout: (raw value, None) or (None, problem)."""
-        future = self.pool.submit(comp.call, arg)
+        """One call under the timeout: (raw value, None) or (None, problem).
+
+        A thread cannot be killed, so a call that times out keeps its worker; the scorer then moves
+        to a fresh pool, and later calls never queue behind hung ones.
+        """
+        pool = self.pool
+        future = pool.submit(comp.call, arg)
         try:
             return future.result(timeout=comp.timeout_s), None
         except FutureTimeout:
+            with self.lock:
+                if self.pool is pool:
+                    self.pool = ThreadPoolExecutor(max_workers=self.pool_size, thread_name_prefix="reward")
+                    pool.shutdown(wait=False, cancel_futures=True)
             return None, "timeout"
         except Exception as err:  # a user reward may raise anything; handled per on_error
             return None, f"error: {type(err).__name__}: {err}"
