@@ -74,17 +74,35 @@ def baseline_accuracy(results: list[dict]) -> float:
     return accs[0] if accs else float("nan")
 
 
+def identical_to(runs: list[dict]) -> dict[str, str]:
+    """Presets whose every run repeats, number for number, the same-seed run of an earlier preset.
+
+    On-policy with one optimiser step per batch, losses that differ only in how they treat a ratio
+    away from 1 give exactly the same updates; the table says so instead of ranking them apart.
+    """
+    def trace(r: dict) -> tuple:
+        return (r["seed"], r["acc_after"], tuple(r["length"]), tuple(r["entropy"]), tuple(r["train_acc"]))
+
+    first: dict[tuple, str] = {}
+    same: dict[str, set[str]] = {}
+    for r in runs:
+        owner = first.setdefault(trace(r), r["preset"])
+        same.setdefault(r["preset"], set()).add(owner if owner != r["preset"] else "")
+    return {p: next(iter(o)) for p, o in same.items() if len(o) == 1 and "" not in o}
+
+
 def table(results: list[dict]) -> str:
     """One row per preset, sorted by mean held-out accuracy after training."""
     base = baseline_accuracy(results)
     runs = _runs(results)
+    twins = identical_to(runs)
     def mean_accuracy(preset: str) -> float:
         accs = [r["acc_after"] for r in runs if r["preset"] == preset and math.isfinite(r["acc_after"])]
         return statistics.mean(accs) if accs else float("-inf")
 
     presets = sorted(dict.fromkeys(r["preset"] for r in runs), key=lambda p: -mean_accuracy(p))
-    lines = ["| preset | seeds | held-out acc. after | gain | mean length | mean rollout entropy | train time (s) |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| preset | seeds | held-out acc. after | gain | mean length | mean rollout entropy | train time (s) | note |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for preset in presets:
         rs = [r for r in runs if r["preset"] == preset]
         lines.append(" | ".join([
@@ -92,7 +110,8 @@ def table(results: list[dict]) -> str:
             _mean_spread([r["acc_after"] - base for r in rs], 2),
             _mean_spread([statistics.mean(r["length"]) for r in rs], 1),
             _mean_spread([statistics.mean(r["entropy"]) for r in rs], 2),
-            _mean_spread([r["train_s"] for r in rs], 0)]) + " |")
+            _mean_spread([r["train_s"] for r in rs], 0),
+            f"same run as {twins[preset]}" if preset in twins else ""]) + " |")
     return f"Untrained model: held-out accuracy {base:.2f}.\n\n" + "\n".join(lines) + "\n"
 
 
