@@ -236,6 +236,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             "data.demonstrations": "rescue", "task.demonstration": "Answer: {answer}", "algo.demo_nll_coef": 0.1},
     "policy_split": {"algo.advantage": "grpo", "algo.loss": "policy_split", "algo.aggregation": "token_mean",
                      "algo.group_by": "variant_of",
+                     # exact entropy with its gradient keeps several [tokens, vocab] tensors: smaller micro-batches
+                     "trainer.micro_batch_tokens": 2048,
                      "task.prompt_variants": ["Explore: consider several different approaches before you settle "
                                               "on an answer."]},
 }
