@@ -198,14 +198,14 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)
     results = load_results([a.results]) if a.results else []
     done = {(r["preset"], r["seed"], r.get("steps")) for r in results}
-    workdir = Path(tempfile.mkdtemp(prefix="lmrl-compare-"))
     for preset in a.presets:
         for seed in a.seeds:
             if (preset, seed, a.steps) in done:
                 continue
             need_baseline = not any(r["preset"] == "baseline" for r in results)
             print(f"training {preset} seed {seed}…", flush=True)
-            results += run_one(preset, seed, a.steps, workdir, a.override, need_baseline)
+            with tempfile.TemporaryDirectory(prefix="lmrl-compare-") as workdir:
+                results += run_one(preset, seed, a.steps, Path(workdir), a.override, need_baseline)
             print(f"  held-out accuracy {results[-1 - need_baseline]['acc_after']:.2f}, "
                   f"{results[-1 - need_baseline]['train_s']:.0f} s", flush=True)
             if a.results:

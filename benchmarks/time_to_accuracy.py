@@ -58,18 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="also write the markdown table here")
     a = p.parse_args(argv)
 
-    work = Path(tempfile.mkdtemp(prefix="lmrl-tta-"))
-    raw = work / "vs_trl.json"
-    subprocess.run([sys.executable, str(HERE / "vs_trl.py"), "--steps", str(a.steps), "--warmup", "0",
-                    "--prompts", str(a.prompts), "--group", str(a.group), "--max-new-tokens", str(a.max_new_tokens),
-                    "--lr", str(a.lr), "--save-models", str(work), "--json", str(raw)], check=True)
-    rounds = json.loads(raw.read_text())["rounds"][0]
-    train_s = {name: sum(s["step_s"] for s in rounds[name]["steps"]) for name in ("lmrl", "trl")}
-    inert = [s["inert_rows"] for s in rounds["lmrl"]["done"]["steps"] if s.get("inert_rows") is not None]
-    print("grading the untrained model and both trained models on the held-out problems…", flush=True)
-    accuracy = {"base": held_out_accuracy("default"), "lmrl": held_out_accuracy(str(work / "lmrl")),
-                "trl": held_out_accuracy(str(work / "trl"))}
-    curve = lmrl_curve(a.lmrl_steps or 2 * a.steps, a.steps, work)
+    with tempfile.TemporaryDirectory(prefix="lmrl-tta-") as tmp:   # trained models are ~1.6 GB each
+        work = Path(tmp)
+        raw = work / "vs_trl.json"
+        subprocess.run([sys.executable, str(HERE / "vs_trl.py"), "--steps", str(a.steps), "--warmup", "0",
+                        "--prompts", str(a.prompts), "--group", str(a.group), "--max-new-tokens", str(a.max_new_tokens),
+                        "--lr", str(a.lr), "--save-models", str(work), "--json", str(raw)], check=True)
+        rounds = json.loads(raw.read_text())["rounds"][0]
+        train_s = {name: sum(s["step_s"] for s in rounds[name]["steps"]) for name in ("lmrl", "trl")}
+        inert = [s["inert_rows"] for s in rounds["lmrl"]["done"]["steps"] if s.get("inert_rows") is not None]
+        print("grading the untrained model and both trained models on the held-out problems…", flush=True)
+        accuracy = {"base": held_out_accuracy("default"), "lmrl": held_out_accuracy(str(work / "lmrl")),
+                    "trl": held_out_accuracy(str(work / "trl"))}
+        curve = lmrl_curve(a.lmrl_steps or 2 * a.steps, a.steps, work)
     lines = [
         f"Quickstart task, GRPO, {a.prompts} prompts × {a.group} samples, {a.max_new_tokens} new tokens, "
         f"lr {a.lr}, {a.steps} steps; held-out greedy accuracy on the quickstart's 100 eval problems.",
