@@ -12,8 +12,11 @@ run): runs already there are skipped, so an interrupted comparison resumes, and 
 
 Reported per preset (mean ± standard deviation over seeds): held-out accuracy after training, its
 gain over the untrained model, mean completion length and rollout entropy (mean −log p of the
-sampled tokens) over the run, and training wall time. The markdown table and a PNG plot (training
-accuracy, length, entropy per step) go to `--out` and beside it.
+sampled tokens) over the run, the fraction of tokens the loss clipped or masked (where it reports
+one), and training wall time. The markdown table and a PNG plot (training accuracy, length, entropy
+per step) go to `--out` and beside it. Runs with `--override KEY=VALUE` are rows of their own, named
+after their overrides (e.g. `trainer.mini_batches=4`: four optimiser steps per batch, so ratios
+leave 1 and clipping can bind).
 """
 from __future__ import annotations
 
@@ -44,11 +47,12 @@ def run_one(preset: str, seed: int, steps: int, workdir: Path, extra: list[str],
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps_rows = [r for r in rows if "timing/step_s" in r]
     record = {
-        "preset": preset, "seed": seed, "steps": steps, "train_s": result.train_seconds,
+        "preset": preset, "seed": seed, "steps": steps, "overrides": list(extra), "train_s": result.train_seconds,
         "acc_after": result.eval_after.get("eval/accuracy", float("nan")),
         "length": [r.get("response_length/mean", float("nan")) for r in steps_rows],
         "entropy": [r.get("entropy/rollout", float("nan")) for r in steps_rows],
         "train_acc": [r.get("accuracy", float("nan")) for r in steps_rows],
+        "clip_frac": [r.get("clip_frac", float("nan")) for r in steps_rows],
     }
     out = [record]
     if baseline:
@@ -69,6 +73,15 @@ def _runs(results: list[dict]) -> list[dict]:
     return [r for r in results if r["preset"] != "baseline"]
 
 
+def label(r: dict) -> str:
+    """The row name of a run: its preset, plus the overrides it ran with (e.g. several optimiser steps per batch)."""
+    return " + ".join([r["preset"], *r.get("overrides", [])])
+
+
+def _key(r: dict) -> tuple:
+    return r["preset"], r["seed"], r.get("steps"), tuple(r.get("overrides", []))
+
+
 def baseline_accuracy(results: list[dict]) -> float:
     accs = [r["acc"] for r in results if r["preset"] == "baseline"]
     return accs[0] if accs else float("nan")
@@ -86,8 +99,8 @@ def identical_to(runs: list[dict]) -> dict[str, str]:
     first: dict[tuple, str] = {}
     same: dict[str, set[str]] = {}
     for r in runs:
-        owner = first.setdefault(trace(r), r["preset"])
-        same.setdefault(r["preset"], set()).add(owner if owner != r["preset"] else "")
+        owner = first.setdefault(trace(r), label(r))
+        same.setdefault(label(r), set()).add(owner if owner != label(r) else "")
     return {p: next(iter(o)) for p, o in same.items() if len(o) == 1 and "" not in o}
 
 
@@ -97,19 +110,20 @@ def table(results: list[dict]) -> str:
     runs = _runs(results)
     twins = identical_to(runs)
     def mean_accuracy(preset: str) -> float:
-        accs = [r["acc_after"] for r in runs if r["preset"] == preset and math.isfinite(r["acc_after"])]
+        accs = [r["acc_after"] for r in runs if label(r) == preset and math.isfinite(r["acc_after"])]
         return statistics.mean(accs) if accs else float("-inf")
 
-    presets = sorted(dict.fromkeys(r["preset"] for r in runs), key=lambda p: -mean_accuracy(p))
-    lines = ["| preset | seeds | held-out acc. after | gain | mean length | mean rollout entropy | train time (s) | note |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    presets = sorted(dict.fromkeys(label(r) for r in runs), key=lambda p: -mean_accuracy(p))
+    lines = ["| preset | seeds | held-out acc. after | gain | mean length | mean rollout entropy | clip fraction "
+             "| train time (s) | note |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for preset in presets:
-        rs = [r for r in runs if r["preset"] == preset]
+        rs = [r for r in runs if label(r) == preset]
         lines.append(" | ".join([
             f"| {preset}", str(len(rs)), _mean_spread([r["acc_after"] for r in rs], 2),
             _mean_spread([r["acc_after"] - base for r in rs], 2),
             _mean_spread([statistics.mean(r["length"]) for r in rs], 1),
             _mean_spread([statistics.mean(r["entropy"]) for r in rs], 2),
+            _mean_spread([statistics.mean(r["clip_frac"]) for r in rs if "clip_frac" in r], 3),
             _mean_spread([r["train_s"] for r in rs], 0),
             f"same run as {twins[preset]}" if preset in twins else ""]) + " |")
     return f"Untrained model: held-out accuracy {base:.2f}.\n\n" + "\n".join(lines) + "\n"
@@ -123,11 +137,11 @@ def plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = _runs(results)
-    presets = sorted(dict.fromkeys(r["preset"] for r in runs))
+    presets = sorted(dict.fromkeys(label(r) for r in runs))
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.6), gridspec_kw={"width_ratios": [1.1, 1, 1, 1]})
-    by_acc = sorted(presets, key=lambda p: statistics.mean(r["acc_after"] for r in runs if r["preset"] == p))
+    by_acc = sorted(presets, key=lambda p: statistics.mean(r["acc_after"] for r in runs if label(r) == p))
     for y, preset in enumerate(by_acc):
-        accs = [r["acc_after"] for r in runs if r["preset"] == preset]
+        accs = [r["acc_after"] for r in runs if label(r) == preset]
         axes[0].barh(y, statistics.mean(accs), color="tab:blue", alpha=0.4)
         axes[0].plot(accs, [y] * len(accs), "o", color="tab:blue", markersize=3)
     axes[0].axvline(baseline_accuracy(results), color="grey", linestyle=":", label="untrained")
@@ -136,7 +150,7 @@ def plot(results: list[dict], path: Path) -> None:
     axes[0].legend(fontsize=7)
     cmap = plt.get_cmap("tab20")
     for i, preset in enumerate(presets):
-        rs = [r for r in runs if r["preset"] == preset]
+        rs = [r for r in runs if label(r) == preset]
         for ax, key in zip(axes[1:], ("train_acc", "length", "entropy")):
             curve = [statistics.mean(vals) for vals in zip(*(r[key] for r in rs))]
             ax.plot(range(1, len(curve) + 1), curve, label=preset, color=cmap(i % 20),
@@ -151,12 +165,12 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def load_results(paths: list[Path]) -> list[dict]:
-    """The runs of every file, each (preset, seed, steps) once (the first file wins)."""
+    """The runs of every file, each (preset, seed, steps, overrides) once (the first file wins)."""
     merged: dict[tuple, dict] = {}
     for path in paths:
         if path.exists():
             for r in json.loads(path.read_text()):
-                merged.setdefault((r["preset"], r["seed"], r.get("steps")), r)
+                merged.setdefault(_key(r), r)
     return list(merged.values())
 
 
@@ -197,10 +211,10 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(a.threads)
     results = load_results([a.results]) if a.results else []
-    done = {(r["preset"], r["seed"], r.get("steps")) for r in results}
+    done = {_key(r) for r in results}
     for preset in a.presets:
         for seed in a.seeds:
-            if (preset, seed, a.steps) in done:
+            if (preset, seed, a.steps, tuple(a.override)) in done:
                 continue
             need_baseline = not any(r["preset"] == "baseline" for r in results)
             print(f"training {preset} seed {seed}…", flush=True)
