@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-PRESETS_OFF_TASK = {"gdpo", "rvpo", "xgrpo", "alpo", "prpo", "p_grpo"}  # need components or task fields
+PRESETS_OFF_TASK = {"gdpo", "rvpo", "xgrpo", "alpo", "prpo", "p_grpo", "prp"}  # need components or task fields
 
 
 def _config(preset: str, seed: int, steps: int, workdir: Path, extra: list[str], at_start: bool):

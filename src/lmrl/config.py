@@ -45,6 +45,9 @@ class TaskConfig(Section):
     # a reference completion built from the row's fields, e.g. "{solution}" or "Answer: {answer}"
     # (used by data.demonstrations; docs/methods/demonstrations.md)
     demonstration: str | None = None
+    # the row field holding other policies' completions, [{"text": ..., "logprob": ...}, ...]
+    # (data.demonstrations=peers, Mutual RL's PRP; docs/methods/demonstrations.md)
+    peer_rollouts: str | None = None
 
 
 class RewardComponent(Section):
@@ -79,7 +82,8 @@ class DataConfig(Section):
     sampler: str = "uniform"
     group_filter: str = "none"  # none | nonzero_std (DAPO dynamic sampling)
     max_gen_batches: int = Field(10, ge=0)  # 0 = unlimited
-    demonstrations: Literal["none", "group", "rescue"] = "none"  # add task.demonstration to groups (GFT, SGT)
+    # add task.demonstration to groups (GFT, SGT) or task.peer_rollouts (PRP)
+    demonstrations: Literal["none", "group", "rescue", "peers"] = "none"
 
 
 class AlgoConfig(Section):
@@ -171,7 +175,9 @@ class Config(Section):
             )
         if a.overlong_buffer >= self.rollout.max_new_tokens:
             raise ValueError("algo.overlong_buffer must be smaller than rollout.max_new_tokens")
-        if self.data.demonstrations != "none" and not self.task.demonstration:
+        if self.data.demonstrations == "peers":
+            self._check_peers()
+        elif self.data.demonstrations != "none" and not self.task.demonstration:
             raise ValueError(f"data.demonstrations={self.data.demonstrations} needs task.demonstration, a template "
                              "over the task row's fields (e.g. '{solution}' or 'Answer: {answer}')")
         if self.data.demonstrations == "rescue" and a.critic:
@@ -184,7 +190,20 @@ class Config(Section):
             raise ValueError("data.group_filter needs rollout.group_size >= 2")
         return self
 
+    def _check_peers(self) -> None:
+        """Peer rollouts carry only a sequence log-prob, which only a sequence-level correction can use."""
+        if not self.task.peer_rollouts:
+            raise ValueError("data.demonstrations=peers needs task.peer_rollouts, the task row field holding "
+                             "[{'text': ..., 'logprob': ...}, ...]")
+        loss, agg = self.algo.loss, self.algo.loss_params.get("mis_seq_agg", "sum")
+        if loss not in SEQUENCE_IS_LOSSES or agg != "sum":
+            raise ValueError(f"data.demonstrations=peers weighs another policy's completions by the sequence ratio "
+                             f"π_self(y)/π_peer(y), but algo.loss={loss} does not use it (token ratios do not exist "
+                             f"across tokenizers); use algo.loss=ppo_clip_tis_seq (or ppo_clip_mis_seq with "
+                             f"mis_seq_agg=sum)")
 
+
+SEQUENCE_IS_LOSSES = {"ppo_clip_tis_seq", "ppo_clip_mis_seq"}  # weigh rows by π_old(y)/π_rollout(y)
 GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "xgrpo", "gdpo", "rvpo", "entrocraft",
                     "eqlen", "p_grpo", "alpo", "prpo", "resrl"}
 
@@ -232,6 +251,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "algo.kl_estimator": "f_chi2", "algo.kl_coef": 0.05},
     "gft_demo": {"algo.advantage": "grpo", "algo.loss": "gft", "algo.aggregation": "token_mean",
                  "data.demonstrations": "group", "task.demonstration": "Answer: {answer}"},
+    "prp": {"algo.advantage": "grpo", "algo.loss": "ppo_clip_tis_seq", "algo.aggregation": "token_mean",
+            "data.demonstrations": "peers", "task.peer_rollouts": "peer_rollouts"},
     "sgt": {"algo.advantage": "grpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean",
             "data.demonstrations": "rescue", "task.demonstration": "Answer: {answer}", "algo.demo_nll_coef": 0.1},
     "policy_split": {"algo.advantage": "grpo", "algo.loss": "policy_split", "algo.aggregation": "token_mean",
@@ -272,6 +293,7 @@ PRESET_DESCRIPTIONS = {
     "pipo": "PIPO: GRPO step, then a replay of the previous batch scaled by the reward-window verdict",
     "grpo_chi2": "GRPO regularised by the chi-squared divergence to the reference (coefficient 0.05)",
     "gft_demo": "GFT with the task's reference answer as one more group member (reads gold answers as data)",
+    "prp": "PRP: another policy's rollouts (task field peer_rollouts) join each group, weighted min(π/π_peer, 2)",
     "sgt": "SGT rescue: groups with no success get the reference answer, trained by a supervised term (0.1)",
     "policy_split": "Policy Split: each prompt also rolled out with an exploration instruction; pooled GRPO, "
                     "entropy bonus on that mode",

@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from conftest import make_tokenizer, toy_run_config
 from lmrl.loops import build_stages, train
@@ -99,6 +100,58 @@ def test_demonstrations_train_in_the_loop(tmp_path, mode, algo):
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
     if mode == "rescue":
         assert any("demo_nll" in r for r in rows)
+
+
+def test_peer_rollouts_train_with_their_sequence_importance_weight(tmp_path):
+    """PRP: each prompt's two peer completions ("7", right; "3", wrong) join its group with the peer's
+    log-probs; the sequence IS weight of a peer row is min(π_self(y)/π_peer(y), 2) and the run learns."""
+    from lmrl.loops.sync import collect_groups, fill_inputs, to_batch
+
+    peers = [{"text": "7", "logprob": -1.0}, {"text": "3", "logprob": -30.0}]
+    rows = [{"question": f"q{i % 10} say 7", "answer": "7", "peers": peers} for i in range(64)]
+    task = tmp_path / "peers.jsonl"
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = toy_run_config(tmp_path, 12, dataset=task, algo={"preset": "prp"}, task={"peer_rollouts": "peers"})
+    tok = make_tokenizer()
+    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
+    _, kept, metrics = collect_groups(stages)
+    assert metrics["data/demonstrations"] == 2 * cfg.rollout.prompts_per_step
+    batch = to_batch(kept, 0, "contains_7", ["contains_7"])
+    fill_inputs(stages, batch, kept, 1)
+    peer_rows = (batch.row_extras["demonstration"] == 3).nonzero().flatten()
+    assert batch.behaviour_logprobs[peer_rows].sum(1).tolist() == pytest.approx([-1.0, -30.0] * 4, abs=1e-4)
+    own = stages.learner.logprobs(batch)[peer_rows].mul(batch.completion_mask[peer_rows]).sum(1)
+    weight = torch.exp(own - torch.tensor([-1.0, -30.0] * 4)).clamp(max=2.0)
+    assert weight[1::2].tolist() == pytest.approx([2.0] * 4)  # the self policy finds "3" far likelier than e^-30
+    rows = [json.loads(r) for r in train(cfg, stages=stages).run_dir.joinpath("metrics.jsonl").read_text().splitlines()]
+    rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
+    assert all(0 < r["is_weight_mean"] <= 2.0 for r in rows if "is_weight_mean" in r)
+
+
+def test_peer_file_from_another_model_feeds_prp(tmp_path):
+    """`python -m lmrl.data.peers` writes the recipe's training rows with a saved model's rollouts and
+    their summed behaviour log-probs; the file is a task the prp preset trains on."""
+    from lmrl.data.peers import main as write_peers
+    from lmrl.loops.sync import collect_groups
+
+    tok = make_tokenizer()
+    peer_dir = tmp_path / "peer"
+    tok.save_pretrained(peer_dir)
+    tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=3).save_pretrained(peer_dir)
+    recipe = tmp_path / "toy.yaml"
+    recipe.write_text(json.dumps(toy_run_config(tmp_path, 2).model_dump(mode="json")))
+    out = tmp_path / "peers.jsonl"
+    assert write_peers([str(recipe), str(out), "--model", str(peer_dir), "--samples", "3", "--rows", "5"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 5 and all(len(r["peer_rollouts"]) == 3 for r in rows)
+    assert all(p["logprob"] < 0 and isinstance(p["text"], str) for r in rows for p in r["peer_rollouts"])
+    assert not any("prompt_ids" in r for r in rows) and rows[0]["answer"] == "7"
+    cfg = toy_run_config(tmp_path / "prp", 1, dataset=out, num_eval=1, algo={"preset": "prp"})
+    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
+    _, kept, metrics = collect_groups(stages)
+    assert metrics["data/demonstrations"] == 3 * cfg.rollout.prompts_per_step
+    assert all(len(g.samples) == cfg.rollout.group_size + 3 for g in kept)
 
 
 def test_group_filter_keeps_or_drops_a_prompt_with_its_variants(tmp_path):

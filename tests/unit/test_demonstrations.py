@@ -92,3 +92,35 @@ def test_rescue_rows_stay_out_of_the_advantage_estimate():
         algo.prepare(batch)
         assert batch.advantages[2:].abs().sum() == 0, advantage
         assert batch.advantages[0].abs().sum() > 0, advantage
+
+
+def test_peers_mode_adds_each_peer_rollout_with_the_writers_log_prob():
+    """Mutual RL's PRP: two peer texts join the group, scored by the run's reward; each row's behaviour
+    log-probs sum to the peer's sequence log-prob."""
+    tok = make_tokenizer()
+    groups, scorer = scored([group("a", ["Answer: 7", "Answer: 3"])])
+    groups[0].row["peers"] = [{"text": "Answer: 7", "logprob": -4.0}, {"text": "Answer: 12", "logprob": -9.0}]
+    out, metrics = add_demonstrations(groups, "peers", "peers", tok, scorer, "answer", tok.eos_token_id)
+    assert metrics == {"data/demonstrations": 2.0} and len(out[0].samples) == 4
+    peers = out[0].samples[2:]
+    assert [p.reward for p in peers] == [1.0, 0.0]
+    assert [p.info["demonstration"] for p in peers] == ["peers", "peers"]
+    assert [sum(p.behaviour_logprobs) for p in peers] == pytest.approx([-4.0, -9.0])
+    assert peers[1].completion_ids == tok("Answer: 12", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    bad = group("b", ["Answer: 1"])
+    bad.row["peers"] = [{"text": "Answer: 7"}]
+    with pytest.raises(ValueError, match=r"peers\[0\]"):
+        add_demonstrations([bad], "peers", "peers", tok, scorer, "answer", None)
+
+
+def test_peers_mode_config_checks_name_both_settings():
+    with pytest.raises(ConfigError, match="task.peer_rollouts"):
+        build_config({"data": {"demonstrations": "peers"}, "algo": {"loss": "ppo_clip_tis_seq"}})
+    with pytest.raises(ConfigError, match="algo.loss=ppo_clip .*ppo_clip_tis_seq"):
+        build_config({"data": {"demonstrations": "peers"}, "task": {"peer_rollouts": "peers"}})
+    with pytest.raises(ConfigError, match="mis_seq_agg"):
+        build_config({"data": {"demonstrations": "peers"}, "task": {"peer_rollouts": "peers"},
+                      "algo": {"loss": "ppo_clip_mis_seq", "loss_params": {"mis_seq_agg": "mean"}}})
+    cfg = build_config({"algo": {"preset": "prp"}})
+    assert (cfg.data.demonstrations, cfg.task.peer_rollouts, cfg.algo.loss) == ("peers", "peer_rollouts",
+                                                                                "ppo_clip_tis_seq")

@@ -11,7 +11,8 @@ from lmrl.algos.losses import LOSSES, LossInputs
 from lmrl.algos.losses_trust import trm_keep_mask
 
 NAMES = [
-    "htpo", "ppo_clip_tis", "ppo_clip_mis_token", "ppo_clip_mis_seq", "trust_region_masking", "cispo", "sapo",
+    "htpo", "ppo_clip_tis", "ppo_clip_mis_token", "ppo_clip_mis_seq", "ppo_clip_tis_seq", "trust_region_masking",
+    "cispo", "sapo",
 ]
 SPEC_ENTROPY = [0.1, 0.5, 2.0, 0.3, 1.5]  # spec §1: only token 3 (index 2) is high-entropy
 
@@ -178,6 +179,19 @@ def test_mis_seq_rejects_an_unknown_aggregation():
     _, x = inputs([[0.0]], [1.0], rollout_log_ratio=[[0.0]])
     with pytest.raises(ValueError, match="mis_seq_agg"):
         LOSSES.get("ppo_clip_mis_seq")(x, mis_seq_agg="max")
+
+
+def test_tis_seq_truncates_the_sequence_ratio():
+    """Rows of SEQ_ROLLOUT: Σ log-ratio 0.5 (kept, w = e^0.5), 1.0 (e^1 > 2: truncated to 2), 0.0 (w = 1;
+    the 9.0 is padding)."""
+    logp, x = inputs([[0.0] * 3] * 3, [1.0, -1.0, 1.0], mask=SEQ_MASK, rollout_log_ratio=SEQ_ROLLOUT)
+    loss, grad, m = run("ppo_clip_tis_seq", x, logp, tis_seq_cap=2.0)
+    w = [math.exp(0.5), 2.0, 1.0]
+    expected = np.array([[-w[0]] * 2, [w[1]] * 2, [-w[2]] * 2])
+    assert np.allclose(loss[:, :2].numpy(), expected, atol=1e-5)
+    assert np.allclose(grad[:, :2].numpy(), expected, atol=1e-5)
+    assert m["seq_truncated_frac"] == pytest.approx(1 / 3)
+    assert m["is_weight_mean"] == pytest.approx(sum(w) / 3, abs=1e-5)
 
 
 # --- Trust Region Masking (spec §10) --------------------------------------------------------------

@@ -183,6 +183,24 @@ def ppo_clip_mis_seq(x: LossInputs, eps_low: float = 0.2, eps_high: float = 0.2,
     return _weighted_ppo(x, weight, extra, eps_low, eps_high, dual_clip)
 
 
+@LOSSES.register("ppo_clip_tis_seq", "PPO clip x sequence IS weight min(π_old(y)/π_rollout(y), C) (Mutual RL's PRP)")
+def ppo_clip_tis_seq(x: LossInputs, eps_low: float = 0.2, eps_high: float = 0.2, dual_clip: float | None = None,
+                     tis_seq_cap: float = 2.0, **_):
+    """Sequence-level truncated importance sampling (verl `rollout_is="sequence"`). Confidence: high.
+
+    What: s_i = exp(Σ_t (logp_old − logp_roll)) over valid tokens (clamped to e^±20) and every token
+    of sequence i weighs w_i = min(s_i, C), a constant. Why: the one rollout correction that needs
+    only a sequence's total behaviour log-prob, so it also weights completions written by another
+    policy with another tokenizer (Mutual RL's PRP: w = π_self(y)/π_peer(y), truncated;
+    `data.demonstrations: peers`), where per-token ratios do not exist.
+    """
+    log_s = ((x.old_logp - x.extras["rollout_logp"]) * x.mask).sum(1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    s = torch.exp(log_s)
+    weight = s.clamp(max=tis_seq_cap).unsqueeze(1).expand_as(x.mask)
+    extra = {"is_weight_mean": _masked_mean(weight, x.mask), "seq_truncated_frac": _seq_frac(s > tis_seq_cap, x.mask)}
+    return _weighted_ppo(x, weight, extra, eps_low, eps_high, dual_clip)
+
+
 # --- Trust Region Masking -----------------------------------------------------------------------
 
 _TRM_REDUCTIONS = ("token", "seq_sum", "seq_mean", "seq_max")

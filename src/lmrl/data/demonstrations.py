@@ -11,7 +11,12 @@ and flagged `info["demonstration"]`. Two ways to use it (`data.demonstrations`):
 - `rescue`: a group in which no sample succeeded gets it as a separate row, left out of the
   advantage estimation (advantage 0, never pooled by `algo.group_by`) and trained only by the
   supervised term `algo.demo_nll_coef` (Mutual RL's SGT rescue set, with the reference solution
-  standing in for a peer's success).
+  standing in for a peer's success);
+- `peers`: every group gets the completions another policy wrote for the prompt, from the row field
+  `task.peer_rollouts` (a list of {"text": ..., "logprob": the writer's log-probability of it}),
+  as more members (Mutual RL's PRP). Their behaviour log-prob is the writer's: its total is spread
+  evenly over the tokens here, so a sequence-level rollout correction (`ppo_clip_tis_seq`) weighs
+  each by π_self(y)/π_peer(y), truncated; per-token ratios do not exist across tokenizers.
 
 Demonstrations are scored alone, so the run's reward must be per sample (no group components, and
 a per-sample aggregation); the config check says so.
@@ -25,8 +30,10 @@ import string
 from lmrl.types import Group, Sample
 
 
-# `Batch.row_extras["demonstration"]` values: 0 sampled row, 1 group member (`group`), 2 rescue row
-DEMO_CODES = {"group": 1.0, "rescue": 2.0}
+# `Batch.row_extras["demonstration"]` values: 0 sampled row, 1 group member (`group`), 2 rescue row,
+# 3 another policy's rollout (`peers`, its behaviour log-probs come with it)
+DEMO_CODES = {"group": 1.0, "rescue": 2.0, "peers": 3.0}
+ON_POLICY_CODES = (1.0, 2.0)  # the loop fills these rows' behaviour log-probs with the current policy's
 
 
 def template_fields(template: str) -> set[str]:
@@ -43,23 +50,42 @@ def demonstration_sample(tokenizer, row: dict, template: str, eos_id: int | None
                   info={"text": text, "row": row, "demonstration": mode})
 
 
+def peer_samples(tokenizer, row: dict, field: str, eos_id: int | None) -> list[Sample]:
+    """The row's peer rollouts as samples whose behaviour log-probs sum to the writer's log-prob."""
+    out = []
+    for i, peer in enumerate(row[field]):
+        if not isinstance(peer, dict) or not isinstance(peer.get("text"), str) or "logprob" not in peer:
+            raise ValueError(f"task row {row.get('uid')}: {field}[{i}] must be {{'text': str, 'logprob': float}}, "
+                             f"got {peer!r}")
+        ids = list(tokenizer(peer["text"], add_special_tokens=False)["input_ids"])
+        if eos_id is not None:
+            ids.append(eos_id)
+        per_token = float(peer["logprob"]) / len(ids)
+        out.append(Sample(prompt_ids=list(row["prompt_ids"]), completion_ids=ids, behaviour_logprobs=[per_token] * len(ids),
+                          info={"text": peer["text"], "row": row, "demonstration": "peers"}))
+    return out
+
+
 def succeeded(group: Group, accuracy_component: str) -> bool:
     return any(x.excluded is None and (x.rewards.get(accuracy_component) or 0.0) >= 1.0 for x in group.samples)
 
 
-def add_demonstrations(groups: list[Group], mode: str, template: str, tokenizer, scorer, accuracy_component: str,
+def add_demonstrations(groups: list[Group], mode: str, source: str, tokenizer, scorer, accuracy_component: str,
                        eos_id: int | None) -> tuple[list[Group], dict[str, float]]:
-    """The groups with demonstrations added (see the module docstring) and how many were added."""
+    """The groups with demonstrations added (see the module docstring) and how many were added.
+
+    `source` is the template (`group`, `rescue`) or the row field of the peer rollouts (`peers`)."""
     out, added = [], 0
     for group in groups:
         if mode == "rescue" and succeeded(group, accuracy_component):
             out.append(group)
             continue
-        demo = Group(uid=f"{group.uid}#demo", row=group.row,
-                     samples=[demonstration_sample(tokenizer, group.row, template, eos_id, mode)])
+        extra = (peer_samples(tokenizer, group.row, source, eos_id) if mode == "peers"
+                 else [demonstration_sample(tokenizer, group.row, source, eos_id, mode)])
+        demo = Group(uid=f"{group.uid}#demo", row=group.row, samples=extra)
         scorer.score([demo])
-        added += 1
-        if mode == "group":
+        added += len(extra)
+        if mode in ("group", "peers"):
             out.append(Group(uid=group.uid, row=group.row, samples=group.samples + demo.samples))
         else:
             out += [group, demo]

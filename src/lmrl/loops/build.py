@@ -80,7 +80,12 @@ def check_row_fields(cfg: Config, rows: list[dict]) -> None:
         fields.add(cfg.algo.group_by)
     if "pmi" in getattr(ADVANTAGES.get(cfg.algo.advantage), "requires", set()):
         fields.add(pmi_field(cfg.algo.advantage_params))
-    if cfg.data.demonstrations != "none":
+    if cfg.data.demonstrations == "peers":
+        lacking = sum(not isinstance(r.get(cfg.task.peer_rollouts), list) for r in rows)
+        if lacking:
+            raise ConfigError(f"task.peer_rollouts={cfg.task.peer_rollouts!r}: {lacking} task rows lack that field "
+                              f"as a list of {{'text': ..., 'logprob': ...}} (they have: {', '.join(sorted(rows[0]))})")
+    elif cfg.data.demonstrations != "none":
         missing = sorted(n for n in template_fields(cfg.task.demonstration) if any(n not in r for r in rows))
         if missing:
             raise ConfigError(f"task.demonstration={cfg.task.demonstration!r} reads the row fields {missing}, which "

@@ -47,6 +47,11 @@ def eos_ids(tokenizer, model) -> list[int]:
     return sorted(ids)
 
 
+def sampling_params(cfg: Config) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+
+
 def prepare_data(cfg: Config, tokenizer) -> tuple[list[dict], list[dict], dict[str, float]]:
     task = load_task(cfg.task)
     train, dropped_train = encode_rows(tokenizer, task.train, cfg.task.system_prompt, cfg.task.max_prompt_tokens)
@@ -83,13 +88,11 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
     learner = Learner(model, cfg.trainer, cfg.rollout.temperature, needs_reference=algorithm.needs_reference,
                       bf16=bf16, critic=algorithm.critic, critic_lr=cfg.algo.critic_lr,
                       critic_shares_trunk=cfg.algo.critic_shares_trunk)
-    r = cfg.rollout
     return Stages(
         cfg=cfg, tokenizer=tokenizer, model=model, engine=engine, algorithm=algorithm, learner=learner,
         sampler=SAMPLERS.get(cfg.data.sampler)(train, seed=cfg.trainer.seed),
         keep_group=GROUP_FILTERS.get(cfg.data.group_filter), scorer=RewardScorer(cfg.reward),
         train_rows=train, eval_rows=held, generator=torch.Generator().manual_seed(cfg.trainer.seed),
-        params=SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                              top_k=r.top_k),
+        params=sampling_params(cfg),
         data_notes=notes,
     )

@@ -13,7 +13,7 @@ import torch
 
 from lmrl.algos.inputs import ROW_FIELD_INPUTS, canonical
 from lmrl.config import Config
-from lmrl.data.demonstrations import DEMO_CODES, add_demonstrations
+from lmrl.data.demonstrations import DEMO_CODES, ON_POLICY_CODES, add_demonstrations
 from lmrl.envs import rollout
 from lmrl.envs.single_turn import with_variants
 from lmrl.eval.evaluator import evaluate
@@ -60,7 +60,8 @@ def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float
     metrics.update({"data/gen_batches": float(batches), "data/kept_groups": float(min(len(kept), prompts))})
     chosen = [g for f in kept[:prompts] for g in f]
     if s.cfg.data.demonstrations != "none":
-        chosen, added = add_demonstrations(chosen, s.cfg.data.demonstrations, s.cfg.task.demonstration, s.tokenizer,
+        source = s.cfg.task.peer_rollouts if s.cfg.data.demonstrations == "peers" else s.cfg.task.demonstration
+        chosen, added = add_demonstrations(chosen, s.cfg.data.demonstrations, source, s.tokenizer,
                                            s.scorer, s.cfg.reward.accuracy_component, s.tokenizer.eos_token_id)
         metrics.update(added)
     return seen, chosen, metrics
@@ -156,8 +157,10 @@ def fill_inputs(s: Stages, batch, groups: list[Group], step: int) -> None:
     token entropies)."""
     batch.context.update(step=step, total_steps=s.cfg.trainer.steps)
     if "demonstration" in batch.row_extras:  # not sampled by the engine: the current policy's log-probs
-        rows = batch.row_extras["demonstration"].nonzero().flatten().tolist()
-        batch.behaviour_logprobs[rows] = s.learner.logprobs(batch, rows=rows)[rows]
+        codes = batch.row_extras["demonstration"]
+        rows = torch.isin(codes, torch.tensor(ON_POLICY_CODES)).nonzero().flatten().tolist()
+        if rows:
+            batch.behaviour_logprobs[rows] = s.learner.logprobs(batch, rows=rows)[rows]
     if s.algorithm.needs_reference:
         batch.extras["ref_logp"] = s.learner.logprobs(batch, reference=True)
     if "pmi" in s.algorithm.requires:
