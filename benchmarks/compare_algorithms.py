@@ -69,6 +69,12 @@ def _mean_spread(values: list[float], digits: int = 3) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
+def _finite_mean(values: list[float]) -> float:
+    """Mean over the steps that reported a value (a step whose rows were all inert reports none)."""
+    values = [v for v in values if math.isfinite(v)]
+    return statistics.mean(values) if values else float("nan")
+
+
 def _runs(results: list[dict]) -> list[dict]:
     return [r for r in results if r["preset"] != "baseline"]
 
@@ -123,7 +129,7 @@ def table(results: list[dict]) -> str:
             _mean_spread([r["acc_after"] - base for r in rs], 2),
             _mean_spread([statistics.mean(r["length"]) for r in rs], 1),
             _mean_spread([statistics.mean(r["entropy"]) for r in rs], 2),
-            _mean_spread([statistics.mean(r["clip_frac"]) for r in rs if "clip_frac" in r], 3),
+            _mean_spread([_finite_mean(r["clip_frac"]) for r in rs if "clip_frac" in r], 3),
             _mean_spread([r["train_s"] for r in rs], 0),
             f"same run as {twins[preset]}" if preset in twins else ""]) + " |")
     return f"Untrained model: held-out accuracy {base:.2f}.\n\n" + "\n".join(lines) + "\n"
