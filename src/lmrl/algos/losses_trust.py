@@ -116,6 +116,11 @@ def _rollout_log_ratio(x: LossInputs) -> torch.Tensor:
     return _log_ratio(x.old_logp, x.extras["rollout_logp"])
 
 
+def _seq_rollout_log_ratio(x: LossInputs) -> torch.Tensor:
+    """[B] log(π_train(y)/π_rollout(y)): the token log-ratios summed over each sequence's valid tokens."""
+    return ((x.old_logp - x.extras["rollout_logp"]) * x.mask).sum(1)
+
+
 def _weighted_ppo(x: LossInputs, weight: torch.Tensor, extra: dict[str, float], eps_low: float,
                   eps_high: float, dual_clip: float | None):
     loss, metrics = ppo_clip(x, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
@@ -171,7 +176,7 @@ def ppo_clip_mis_seq(x: LossInputs, eps_low: float = 0.2, eps_high: float = 0.2,
     """
     if mis_seq_agg not in ("sum", "mean"):
         raise ValueError(f"mis_seq_agg must be 'sum' or 'mean', got {mis_seq_agg!r}")
-    total = ((x.old_logp - x.extras["rollout_logp"]) * x.mask).sum(1)
+    total = _seq_rollout_log_ratio(x)
     log_s = total if mis_seq_agg == "sum" else total / x.mask.sum(1).clamp(min=1)
     log_s = log_s.clamp(-SAFETY_BOUND, SAFETY_BOUND)
     keep = (log_s >= math.log(mis_seq_low)) & (log_s <= math.log(mis_seq_high))
@@ -194,7 +199,7 @@ def ppo_clip_tis_seq(x: LossInputs, eps_low: float = 0.2, eps_high: float = 0.2,
     policy with another tokenizer (Mutual RL's PRP: w = π_self(y)/π_peer(y), truncated;
     `data.demonstrations: peers`), where per-token ratios do not exist.
     """
-    log_s = ((x.old_logp - x.extras["rollout_logp"]) * x.mask).sum(1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    log_s = _seq_rollout_log_ratio(x).clamp(-SAFETY_BOUND, SAFETY_BOUND)
     s = torch.exp(log_s)
     weight = s.clamp(max=tis_seq_cap).unsqueeze(1).expand_as(x.mask)
     extra = {"is_weight_mean": _masked_mean(weight, x.mask), "seq_truncated_frac": _seq_frac(s > tis_seq_cap, x.mask)}

@@ -41,11 +41,15 @@ def template_fields(template: str) -> set[str]:
     return {name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(template) if name}
 
 
+def completion_ids(tokenizer, text: str, eos_id: int | None) -> list[int]:
+    """A text not sampled here, tokenised once (it is data, like a prompt) and ended with EOS."""
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return ids + [eos_id] if eos_id is not None else ids
+
+
 def demonstration_sample(tokenizer, row: dict, template: str, eos_id: int | None, mode: str = "group") -> Sample:
     text = template.format(**row)
-    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    if eos_id is not None:
-        ids.append(eos_id)
+    ids = completion_ids(tokenizer, text, eos_id)
     return Sample(prompt_ids=list(row["prompt_ids"]), completion_ids=ids, behaviour_logprobs=[0.0] * len(ids),
                   info={"text": text, "row": row, "demonstration": mode})
 
@@ -57,9 +61,7 @@ def peer_samples(tokenizer, row: dict, field: str, eos_id: int | None) -> list[S
         if not isinstance(peer, dict) or not isinstance(peer.get("text"), str) or "logprob" not in peer:
             raise ValueError(f"task row {row.get('uid')}: {field}[{i}] must be {{'text': str, 'logprob': float}}, "
                              f"got {peer!r}")
-        ids = list(tokenizer(peer["text"], add_special_tokens=False)["input_ids"])
-        if eos_id is not None:
-            ids.append(eos_id)
+        ids = completion_ids(tokenizer, peer["text"], eos_id)
         per_token = float(peer["logprob"]) / len(ids)
         out.append(Sample(prompt_ids=list(row["prompt_ids"]), completion_ids=ids, behaviour_logprobs=[per_token] * len(ids),
                           info={"text": peer["text"], "row": row, "demonstration": "peers"}))

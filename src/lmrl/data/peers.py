@@ -27,21 +27,16 @@ def peer_rows(recipe: str, overrides: list[str], model: str, samples: int, rows:
     import torch
 
     from lmrl.config import load_config
-    from lmrl.engines import ENGINES
     from lmrl.envs.single_turn import rollout
-    from lmrl.loops.setup import eos_ids, prepare_data, sampling_params
+    from lmrl.loops.setup import build_engine, prepare_data, sampling_params
     from lmrl.models import load_model, load_tokenizer, resolve_model_path
-    from lmrl.models.precision import resolve_bf16
 
     cfg = load_config(recipe, [*overrides, f"model.path={model}"])
     path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(path)
     train, _, _ = prepare_data(cfg, tokenizer)
     train = train[:rows] if rows else train
-    net = load_model(path)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    engine = ENGINES.get(cfg.rollout.engine)(net, eos_ids(tokenizer, net), pad,
-                                             bf16=resolve_bf16(cfg.trainer.bf16, next(net.parameters()).device))
+    engine = build_engine(cfg, load_model(path), tokenizer)
     generator = torch.Generator().manual_seed(cfg.trainer.seed)
     chunk = cfg.rollout.prompts_per_step
     out = []

@@ -47,6 +47,13 @@ def eos_ids(tokenizer, model) -> list[int]:
     return sorted(ids)
 
 
+def build_engine(cfg: Config, model, tokenizer):
+    """The rollout engine `rollout.engine` over `model`, stopping at every EOS the model declares."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    bf16 = resolve_bf16(cfg.trainer.bf16, next(model.parameters()).device)
+    return ENGINES.get(cfg.rollout.engine)(model, eos_ids(tokenizer, model), pad, bf16=bf16)
+
+
 def sampling_params(cfg: Config) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
@@ -81,9 +88,8 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
     torch.manual_seed(cfg.trainer.seed)
     if model is None:
         model = load_model(resolve_model_path(cfg.model.path))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     bf16 = resolve_bf16(cfg.trainer.bf16, next(model.parameters()).device)
-    engine = ENGINES.get(cfg.rollout.engine)(model, eos_ids(tokenizer, model), pad, bf16=bf16)
+    engine = build_engine(cfg, model, tokenizer)
     algorithm = Algorithm(cfg.algo, cfg.rollout.max_new_tokens)
     learner = Learner(model, cfg.trainer, cfg.rollout.temperature, needs_reference=algorithm.needs_reference,
                       bf16=bf16, critic=algorithm.critic, critic_lr=cfg.algo.critic_lr,
