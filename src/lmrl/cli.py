@@ -6,23 +6,29 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from lmrl.config import PRESET_DESCRIPTIONS, RECIPES_DIR, ConfigError, config_to_yaml, load_config
+from lmrl.config import (PRESET_DESCRIPTIONS, RECIPES_DIR, Config, ConfigError, config_to_yaml, load_config,
+                         load_run_config)
 
 console = Console(stderr=True)
 
 
+REGISTRY_KINDS = ["advantages", "losses", "aggregations", "kl", "rewards", "group-rewards", "reward-aggregations",
+                  "samplers", "filters", "tasks", "engines"]
+
+
 def _registries() -> dict:
+    """Imported only when asked for: they pull in torch, which `lmrl --help` should not wait for."""
     from lmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
     from lmrl.data import GROUP_FILTERS, SAMPLERS
     from lmrl.engines import ENGINES
     from lmrl.envs import TASKS
     from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
 
-    return {"advantages": ADVANTAGES, "losses": LOSSES, "aggregations": AGGREGATIONS, "kl": KL_ESTIMATORS,
-            "rewards": REWARD_FNS, "group-rewards": GROUP_REWARD_FNS, "reward-aggregations": REWARD_AGGREGATIONS, "samplers": SAMPLERS,
-            "filters": GROUP_FILTERS, "tasks": TASKS, "engines": ENGINES}
+    return dict(zip(REGISTRY_KINDS, [ADVANTAGES, LOSSES, AGGREGATIONS, KL_ESTIMATORS, REWARD_FNS, GROUP_REWARD_FNS,
+                                     REWARD_AGGREGATIONS, SAMPLERS, GROUP_FILTERS, TASKS, ENGINES]))
 
 
 def cmd_list(args) -> int:
@@ -48,9 +54,9 @@ def cmd_list(args) -> int:
 def _latest_run(cfg) -> Path:
     root = Path(cfg.run.output_dir)
     prefix = cfg.run.name or f"{cfg.recipe or 'run'}-"
-    runs = sorted((p for p in root.glob(f"{prefix}*") if (p / "checkpoints").exists()), key=lambda p: p.stat().st_mtime)
+    runs = sorted((p for p in root.glob(f"{prefix}*") if (p / "config.yaml").exists()), key=lambda p: p.stat().st_mtime)
     if not runs:
-        raise ConfigError(f"--resume: no run with checkpoints matching {root / prefix}*")
+        raise ConfigError(f"--resume: no run matching {root / prefix}*")
     return runs[-1]
 
 
@@ -61,19 +67,38 @@ def _recipe_and_overrides(args) -> tuple[str, list[str]]:
     return args.recipe or "quickstart", list(args.overrides)
 
 
-def cmd_train(args) -> int:
-    cfg = load_config(*_recipe_and_overrides(args))
-    if args.dry_run:
-        from lmrl.loops.build import check_names
+LOCATING = ("run.output_dir=", "run.name=")  # with a bare --resume: where to look for the latest run
 
-        check_names(cfg)
+
+def _resumed_config(args) -> tuple[Path, Config]:
+    """`--resume RUN` continues RUN under its own config.yaml; a bare `--resume` finds the latest run of the recipe."""
+    if "=" in args.resume and not Path(args.resume).is_dir():  # `--resume key=value`: argparse took an override
+        args.overrides, args.resume = [args.resume, *args.overrides], ""
+    recipe, overrides = _recipe_and_overrides(args)
+    if args.resume:
+        if args.recipe and "=" not in args.recipe:
+            raise ConfigError(f"--resume {args.resume} continues that run with its own config.yaml; "
+                              f"drop the recipe {args.recipe!r} (only overrides such as trainer.steps=N may follow)")
+        run = Path(args.resume)
+    else:
+        run = _latest_run(load_config(recipe, [o for o in overrides if o.startswith(LOCATING)]))
+    return run, load_run_config(run, [o for o in overrides if not o.startswith(LOCATING)])
+
+
+def cmd_train(args) -> int:
+    if args.resume is not None:
+        resume, cfg = _resumed_config(args)
+    else:
+        resume, cfg = None, load_config(*_recipe_and_overrides(args))
+    if args.dry_run:
+        from lmrl.loops.setup import preflight
+
+        console.print(f"checked: {preflight(cfg)}")
         print(config_to_yaml(cfg), end="")
         return 0
     from lmrl.loops import train
 
-    resume = None
-    if args.resume is not None:
-        resume = Path(args.resume) if args.resume else _latest_run(cfg)
+    if resume is not None:
         console.print(f"resuming {resume}")
     result = train(cfg, resume=resume)
     before = result.eval_before.get("eval/accuracy")
@@ -149,7 +174,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--k", default="[1]", help="pass@k values, e.g. [1,4]")
     e.set_defaults(fn=cmd_eval)
     ls = sub.add_parser("list", help="what is registered")
-    ls.add_argument("what", choices=["algos", "recipes", *_registries().keys()])
+    ls.add_argument("what", choices=["algos", "recipes", *REGISTRY_KINDS])
     ls.set_defaults(fn=cmd_list)
     r = sub.add_parser("report", help="write RUN/report.html with plots of the run's metrics")
     r.add_argument("run")
@@ -175,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except (ConfigError, FileNotFoundError, ValueError, KeyError) as err:
-        console.print(f"[red]error:[/red] {err}")
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        console.print(f"[red]error:[/red] {escape(str(message))}", soft_wrap=True, highlight=False)
         return 2
 
 

@@ -147,6 +147,8 @@ class RunConfig(Section):
     checkpoint_every: int = Field(10, ge=0)  # 0: only at the end
     keep_checkpoints: int = Field(2, ge=1)
     progress: bool = True
+    # experiment trackers fed next to metrics.jsonl: tensorboard | wandb | mlflow (docs/trackers.md)
+    trackers: list[str] = Field(default_factory=list)
 
 
 class Config(Section):
@@ -337,7 +339,12 @@ def parse_override(item: str) -> tuple[str, Any]:
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like key=value (e.g. algo.loss=gspo)")
     key, raw = item.split("=", 1)
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at column {len(key) + 2 + mark.column}" if mark else ""
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(err)}{where})") from None
     if isinstance(value, str):
         try:
             value = float(value)  # YAML 1.1 reads "2e-6" as a string
@@ -346,10 +353,29 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    return getattr(err, "problem", None) or str(err).splitlines()[0]
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A recipe or run config as a mapping; a syntax error names the file, line and problem in one line."""
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: YAML syntax error: {_yaml_problem(err)}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: a recipe must be a mapping of sections")
+    return loaded
+
+
 def recipe_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.exists():
         return path
+    if path.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        raise ConfigError(f"recipe file {name_or_path} does not exist (current directory: {Path.cwd()})")
     candidate = RECIPES_DIR / f"{name_or_path}.yaml"
     if candidate.exists():
         return candidate
@@ -364,10 +390,7 @@ def load_config(recipe: str | None = "quickstart", overrides: list[str] | None =
     tree: dict[str, Any] = {}
     if recipe:
         path = recipe_path(recipe)
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: a recipe must be a mapping of sections")
-        tree = loaded
+        tree = read_yaml(path)
         tree.setdefault("recipe", path.stem)
     for item in overrides or []:
         key, value = parse_override(item)
@@ -385,6 +408,22 @@ def _check_sequence_bounds(tree: dict[str, Any], preset: str) -> None:
                           "set algo.eps_low and algo.eps_high explicitly (e.g. 0.2 / 0.2)")
 
 
+# Losses defined with an aggregation of their own (verl uses sequence-mean for GSPO whatever the run's default).
+LOSS_AGGREGATION = {"gspo": "seq_mean_token_mean"}
+
+
+def _check_loss_aggregation(tree: dict[str, Any], preset: str) -> None:
+    """A loss chosen without its aggregation must not silently take a preset's different one."""
+    algo = tree.get("algo") or {}
+    loss = algo.get("loss", PRESETS[preset].get("algo.loss"))
+    wanted = LOSS_AGGREGATION.get(loss)
+    inherited = PRESETS[preset].get("algo.aggregation", AlgoConfig.model_fields["aggregation"].default)
+    if wanted and "aggregation" not in algo and inherited != wanted:
+        raise ConfigError(f"algo.loss={loss} is defined with algo.aggregation={wanted}, but algo.preset={preset} "
+                          f"brings algo.aggregation={inherited}; use algo.preset={loss}, or set algo.aggregation "
+                          f"yourself ({wanted} as in the paper, or {inherited} to keep it)")
+
+
 def build_config(tree: dict[str, Any]) -> Config:
     tree = copy.deepcopy(tree)
     _check_keys(tree, Config)
@@ -394,6 +433,7 @@ def build_config(tree: dict[str, Any]) -> Config:
         hint = f"; did you mean {near[0]!r}?" if near else ""
         raise ConfigError(f"unknown algo.preset {preset!r}{hint} (presets: {', '.join(PRESETS)})")
     _check_sequence_bounds(tree, preset)
+    _check_loss_aggregation(tree, preset)
     for key, value in PRESETS[preset].items():
         if not _has_dotted(tree, key):
             _set_dotted(tree, key, value)
@@ -409,3 +449,49 @@ def build_config(tree: dict[str, Any]) -> Config:
 
 def config_to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+# Settings that may change when a run is resumed: extending it, where and how often it reports and saves.
+RESUMABLE = ("trainer.steps", "run.checkpoint_every", "run.keep_checkpoints", "run.progress", "run.trackers", "eval.")
+
+
+def resumable(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE)
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and key not in ("params", "loss_params", "advantage_params", "aggregation_params"):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def load_run_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
+    """The config a run was started with (`run_dir/config.yaml`), with the overrides that are safe mid-run."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        raise ConfigError(f"--resume {run_dir}: no config.yaml there, so it is not an lmrl run directory")
+    tree = read_yaml(path)
+    for item in overrides or []:
+        key, value = parse_override(item)
+        if not resumable(key):
+            raise ConfigError(f"{key} cannot change when resuming {run_dir}: the run would continue under other "
+                              f"settings than it started with. Settings that may change: "
+                              f"{', '.join(k + '*' if k.endswith('.') else k for k in RESUMABLE)}. "
+                              f"Start a new run to change {key}")
+        _set_dotted(tree, key, value)
+    return build_config(tree)
+
+
+def check_resume_config(saved: Config, cfg: Config, run_dir: Path) -> None:
+    """Refuse to continue a run under settings it did not start with (other than the resumable ones)."""
+    before, after = _flatten(saved.model_dump(mode="json")), _flatten(cfg.model_dump(mode="json"))
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k) and not resumable(k))
+    if changed:
+        key = changed[0]
+        raise ConfigError(f"resuming {run_dir}: {key} is {after.get(key)!r} but the run started with "
+                          f"{before.get(key)!r}" + (f" (also differs: {', '.join(changed[1:])})" if changed[1:] else "")
+                          + "; resume with the run's own config (`lmrl train --resume RUN`) or start a new run")

@@ -1,41 +1,134 @@
-"""One tiny generic registry used by every stage: implementations are chosen by name in the config."""
+"""One tiny generic registry used by every stage: implementations are chosen by name in the config.
+
+A name of the form `path/to/file.py:attr` or `package.module:attr` is the user's own code: the file
+(or module) is imported once, and `attr` is used from it. If the file registers `attr` itself (with
+a registry's decorator), that registration decides where it belongs; an undecorated object is taken
+by the registry that asked for it (`reward.components=[{name: my_rewards.py:short_and_right}]`,
+`task.name=my_tasks.py:load`, `data.sampler=my_samplers.py:Curriculum`). Relative paths start at
+the current directory; the file's own directory is put on `sys.path` so it can import its siblings.
+"""
 from __future__ import annotations
 
 import difflib
+import hashlib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
 from typing import Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
+
+_ALL: list["Registry"] = []
+
+
+class UserCodeError(ValueError):
+    """User code named in the config (`file.py:attr`) that cannot be imported or lacks the name."""
+
+
+def is_user_code(name: object) -> bool:
+    """`file.py:attr` or `package.module:attr`: a reference to the user's own code."""
+    if not isinstance(name, str) or name.count(":") != 1 or any(c.isspace() for c in name):
+        return False
+    target, attr = name.split(":")
+    return bool(target) and attr.isidentifier()
+
+
+def _import_file(path: Path):
+    module_name = f"lmrl_user_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}_{path.stem}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as err:
+        del sys.modules[module_name]
+        raise UserCodeError(f"{path}: importing it failed: {type(err).__name__}: {err}") from err
+    return module
+
+
+def load_user_object(spec: str) -> object:
+    """The object `attr` of `file.py:attr` / `package.module:attr`, importing the file once per process."""
+    target, attr = spec.split(":")
+    if target.endswith(".py") or "/" in target:
+        path = Path(target).expanduser().resolve()
+        if not path.is_file():
+            raise UserCodeError(f"{spec}: no file {path} (relative paths start at the current directory "
+                                f"{Path.cwd()})")
+        module = _import_file(path)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as err:
+            raise UserCodeError(f"{spec}: cannot import module {target!r}: {err}") from err
+    if not hasattr(module, attr):
+        defined = sorted(n for n in vars(module) if not n.startswith("_"))
+        near = difflib.get_close_matches(attr, defined, n=3)
+        hint = f"did you mean {', '.join(near)}?" if near else f"it defines: {', '.join(defined) or 'nothing'}"
+        raise UserCodeError(f"{spec}: {target} has no {attr!r}; {hint}")
+    return getattr(module, attr)
 
 
 class Registry(Generic[T]):
     """A named table of implementations with a one-line description each.
 
     Lookups of an unknown name fail with the nearest registered names, so a typo in a recipe is
-    caught before any model loads.
+    caught before any model loads. `adopts_plain=False`: an undecorated user object is not taken by
+    this registry (group rewards must say so with the decorator; a plain function is a per-sample
+    reward).
     """
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, adopts_plain: bool = True):
         self.kind = kind
+        self.adopts_plain = adopts_plain
         self._items: dict[str, T] = {}
         self._docs: dict[str, str] = {}
+        _ALL.append(self)
 
     def register(self, name: str, description: str | None = None) -> Callable[[T], T]:
         def add(obj: T) -> T:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._items[name] = obj
-            doc = description or (getattr(obj, "__doc__", None) or "").strip().splitlines()
-            self._docs[name] = doc if isinstance(doc, str) else (doc[0] if doc else "")
+            self._add(name, obj, description)
             return obj
 
         return add
 
+    def _add(self, name: str, obj: T, description: str | None) -> None:
+        self._items[name] = obj
+        doc = description or (getattr(obj, "__doc__", None) or "").strip().splitlines()
+        self._docs[name] = doc if isinstance(doc, str) else (doc[0] if doc else "")
+
+    def _adopt_user_code(self, spec: str) -> bool:
+        """Import `spec` and add it under that name if it belongs here; False if it belongs elsewhere."""
+        obj = load_user_object(spec)
+        if spec in self._items:  # the import registered the spec itself
+            return True
+        own = next((n for n, v in self._items.items() if v is obj), None)
+        if own is not None:
+            self._add(spec, obj, self._docs[own])
+            return True
+        registered_elsewhere = any(v is obj for r in _ALL if r is not self for v in r._items.values())
+        if registered_elsewhere or not self.adopts_plain:
+            return False
+        self._add(spec, obj, None)
+        return True
+
     def get(self, name: str) -> T:
-        if name not in self._items:
+        if name not in self:
             raise KeyError(self.unknown_message(name))
         return self._items[name]
 
     def unknown_message(self, name: str) -> str:
+        if is_user_code(name):
+            obj = load_user_object(name)
+            owners = [r.kind for r in _ALL if r is not self and any(v is obj for v in r._items.values())]
+            where = f"its file registers it as a {owners[0]}" if owners else "register it with this registry's decorator"
+            return f"{name} is not a {self.kind} ({where})"
         near = difflib.get_close_matches(name, list(self._items), n=3)
         hint = f"; did you mean {', '.join(repr(n) for n in near)}?" if near else ""
         return f"unknown {self.kind} {name!r}{hint} (registered: {', '.join(sorted(self._items))})"
@@ -47,7 +140,9 @@ class Registry(Generic[T]):
         return sorted(self._items)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        if name in self._items:
+            return True
+        return is_user_code(name) and self._adopt_user_code(name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

@@ -41,10 +41,43 @@ def _module_tensors(modules: dict[str, torch.nn.Module]) -> dict[str, torch.Tens
     return {f"{name}.{k}": v.detach().cpu().contiguous() for name, m in modules.items() for k, v in m.state_dict().items()}
 
 
+def fsync_tree(path: Path) -> None:
+    """Flush every file under `path`, then the directories, so a power loss cannot leave them empty."""
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        with file.open("rb") as f:
+            os.fsync(f.fileno())
+    for directory in [path, *sorted(p for p in path.rglob("*") if p.is_dir())]:
+        fsync_dir(directory)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Rename out of the `step-*` namespace first (atomic), then delete: a half-deleted checkpoint is never listed."""
+    trash = path.with_name(f".trash-{path.name}-{os.getpid()}")
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def clean_partial(root: Path) -> None:
+    """Delete what a killed process left: half-written (`.tmp-*`) and half-deleted (`.trash-*`) directories."""
+    if root.exists():
+        for leftover in [*root.glob(".tmp-*"), *root.glob(".trash-*")]:
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
 def save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, scheduler, state: dict[str, Any],
                     keep: int = 2, modules: dict[str, torch.nn.Module] | None = None) -> Path:
     """Write `root/step-{step}` atomically and prune to the newest `keep` complete checkpoints.
 
+    Everything is written and flushed to disk under a temporary name, then renamed into place: a
+    process killed at any moment (or a power loss) leaves either the complete checkpoint or none.
     `modules`: further trainable modules by name (the learner's value head), saved beside the model.
     """
     root.mkdir(parents=True, exist_ok=True)
@@ -61,11 +94,13 @@ def save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, schedule
     torch.save(state, tmp / "state.pt")
     (tmp / "meta.json").write_text(json.dumps({"step": step}))
     (tmp / COMPLETE).write_text("ok\n")
+    fsync_tree(tmp)
     if final.exists():
-        shutil.rmtree(final)
+        remove_checkpoint(final)
     os.replace(tmp, final)
+    fsync_dir(root)
     for old in list_checkpoints(root)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_checkpoint(old)
     return final
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,9 @@ class RunDir:
         return RunDir(Path(cfg.run.output_dir) / name)
 
     def write_config(self, cfg: Config) -> None:
-        (self.path / "config.yaml").write_text(config_to_yaml(cfg))
+        tmp = self.path / ".config.yaml.tmp"
+        tmp.write_text(config_to_yaml(cfg))
+        os.replace(tmp, self.path / "config.yaml")
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, "time": time.time(), **{k: _clean(v) for k, v in metrics.items()}}
@@ -42,9 +45,41 @@ class RunDir:
             for row in rows:
                 f.write(json.dumps({"step": step, **row}) + "\n")
 
-    def truncate_after(self, step: int) -> None:
-        """On resume, forget what was logged after the checkpoint being resumed."""
+    def positions(self) -> dict[str, int]:
+        """The logs' sizes in bytes, flushed to disk: a checkpoint records them to rewind to on resume."""
+        sizes = {}
         for file in (self.metrics_file, self.samples_file):
             if file.exists():
-                kept = [ln for ln in file.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-                file.write_text("".join(ln + "\n" for ln in kept))
+                with file.open("rb") as f:
+                    os.fsync(f.fileno())
+            sizes[file.name] = file.stat().st_size if file.exists() else 0
+        return sizes
+
+    def rewind(self, positions: dict[str, int] | None) -> None:
+        """On resume, return the logs to what they held when the checkpoint was written (None: to empty).
+
+        Rows logged after it, and a row half-written by a killed process, are dropped; the resumed run
+        logs them again, so no row is missing or duplicated.
+        """
+        for file in (self.metrics_file, self.samples_file):
+            size = (positions or {}).get(file.name, 0)
+            if file.exists() and file.stat().st_size > size:
+                os.truncate(file, size)
+            elif file.exists() and file.stat().st_size < size:
+                raise RuntimeError(f"{file} is shorter than when the checkpoint was written ({file.stat().st_size} "
+                                   f"< {size} bytes): the log was edited or lost")
+
+    def truncate_after(self, step: int) -> None:
+        """On resume from a checkpoint that did not record log positions: drop rows logged after `step`."""
+        for file in (self.metrics_file, self.samples_file):
+            if file.exists():
+                kept = []
+                for line in file.read_text().splitlines():
+                    try:
+                        if json.loads(line)["step"] <= step:
+                            kept.append(line)
+                    except (ValueError, KeyError):  # a row half-written by a killed process
+                        continue
+                tmp = file.with_suffix(".tmp")
+                tmp.write_text("".join(ln + "\n" for ln in kept))
+                os.replace(tmp, file)

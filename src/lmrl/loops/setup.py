@@ -74,6 +74,19 @@ def prepare_data(cfg: Config, tokenizer) -> tuple[list[dict], list[dict], dict[s
     return train, held, {"data/dropped_long_prompts": float(dropped_train + dropped_eval)}
 
 
+def preflight(cfg: Config, rows: int = 16) -> str:
+    """What a real run would check before training, without loading weights: names, the model directory
+    and tokenizer, and the first `rows` task rows encoded with the fields the config names."""
+    check_names(cfg)
+    path = resolve_model_path(cfg.model.path)
+    tokenizer = load_tokenizer(path)
+    small = cfg.model_copy(update={"task": cfg.task.model_copy(update={
+        "num_train": min(cfg.task.num_train, rows), "num_eval": min(cfg.task.num_eval, 1)})})
+    train, _, _ = prepare_data(small, tokenizer)
+    check_row_fields(cfg, train)
+    return f"model {path}; task {cfg.task.name}: first {len(train)} training rows load with fields {sorted(train[0])}"
+
+
 def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
     """Validate names, load and encode the data, then load the model and build every stage.
 

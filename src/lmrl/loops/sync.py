@@ -12,12 +12,13 @@ from pathlib import Path
 import torch
 
 from lmrl.algos.inputs import ROW_FIELD_INPUTS, canonical
-from lmrl.config import Config
+from lmrl.config import Config, ConfigError, check_resume_config, load_run_config
 from lmrl.data.demonstrations import DEMO_CODES, ON_POLICY_CODES, add_demonstrations
 from lmrl.envs import rollout
 from lmrl.envs.single_turn import with_variants
 from lmrl.eval.evaluator import evaluate
-from lmrl.learners.checkpoint import latest_checkpoint, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from lmrl.learners.checkpoint import (clean_partial, latest_checkpoint, load_checkpoint, restore_rng, rng_state,
+                                     save_checkpoint)
 from lmrl.loops.pmi import pmi, pmi_field
 from lmrl.loops.progress import StepProgress
 from lmrl.loops.run_dir import RunDir
@@ -171,31 +172,53 @@ def fill_inputs(s: Stages, batch, groups: list[Group], step: int) -> None:
         batch.extras.update(s.learner.model_outputs(batch, s.algorithm.prepare_outputs, s.algorithm.hidden_layer))
 
 
-def step_boundary(s: Stages, gens: dict) -> dict:
-    """Everything besides the weights that a checkpoint at the end of this step must restore."""
+def step_boundary(s: Stages, gens: dict, run: RunDir) -> dict:
+    """Everything besides the weights that a checkpoint at the end of this step must restore, including
+    how far the logs had got (a resumed run rewinds them there and logs the rest again)."""
     return {"sampler": s.sampler.state_dict(), "rng": rng_state(gens), "algorithm": s.algorithm.state_dict(),
-            "rewards": s.scorer.state_dict()}
+            "rewards": s.scorer.state_dict(), "logs": run.positions()}
+
+
+def open_run(cfg: Config, resume: Path | None) -> RunDir:
+    """The run directory: a new one, or `resume`, whose own config must match `cfg` (but for resumable keys)."""
+    if resume is not None and (Path(resume) / "config.yaml").exists():
+        check_resume_config(load_run_config(resume), cfg, resume)
+    run = RunDir.new(cfg) if resume is None else RunDir(Path(resume))
+    run.write_config(cfg)  # first thing: a run killed while it loads can already be resumed
+    clean_partial(run.checkpoints)
+    return run
 
 
 def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None) -> RunResult:
-    """Run `cfg` to completion (or continue the run directory `resume` from its last checkpoint)."""
+    """Run `cfg` to completion (or continue the run directory `resume` from its last complete checkpoint).
+
+    Killed at any moment, a run resumed with `resume` ends with the same weights, optimiser state and
+    logs as if it had never stopped: each step's evaluation happens before its checkpoint, and the
+    checkpoint records how far the logs had got.
+    """
+    run = open_run(cfg, resume)
     s = stages or build_stages(cfg)
-    run = RunDir(resume) if resume else RunDir.new(cfg)
-    run.write_config(cfg)
     pad_id = s.engine.pad_token_id
     gens = {"rollout": s.generator, "shuffle": s.learner.shuffle}
     start = 0
     result = RunResult(run.path, cfg.trainer.steps)
-    if resume and (ckpt := latest_checkpoint(run.checkpoints)) is not None:
+    if resume and (ckpt := latest_checkpoint(run.checkpoints)) is None:
+        run.rewind(None)  # killed before its first checkpoint: start over
+    elif resume:
         state = load_checkpoint(ckpt, s.model, s.learner.optimizer, s.learner.scheduler, modules=s.learner.modules())
+        start = state["step"]
+        if start > cfg.trainer.steps:
+            raise ConfigError(f"{ckpt} is at step {start}, past trainer.steps={cfg.trainer.steps}")
         s.sampler.load_state_dict(state["sampler"])
         restore_rng(state["rng"], gens)
-        start = state["step"]
         s.algorithm.load_state_dict(state.get("algorithm", {}))
         s.scorer.load_state_dict(state.get("rewards", {}))
-        result.eval_before = state.get("eval_before", {})
+        result.eval_before, result.eval_after = state.get("eval_before", {}), state.get("eval_after", {})
         s.engine.update_weights(None, start)
-        run.truncate_after(start)
+        if "logs" in state:
+            run.rewind(state["logs"])
+        else:  # a checkpoint from a version that did not record log positions
+            run.truncate_after(start)
 
     def evaluate_now(step: int) -> dict[str, float]:
         metrics, groups = evaluate(s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval, cfg.rollout.max_new_tokens,
@@ -206,8 +229,8 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
 
     def checkpoint(step: int, boundary: dict) -> None:
         save_checkpoint(run.checkpoints, step, s.model, s.tokenizer, s.learner.optimizer, s.learner.scheduler,
-                        {"step": step, "eval_before": result.eval_before, **boundary}, keep=cfg.run.keep_checkpoints,
-                        modules=s.learner.modules())
+                        {"step": step, "eval_before": result.eval_before, "eval_after": result.eval_after, **boundary},
+                        keep=cfg.run.keep_checkpoints, modules=s.learner.modules())
 
     component_names = [c.name for c in cfg.reward.components]
     row_fields = s.algorithm.requires & ROW_FIELD_INPUTS
@@ -216,7 +239,7 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
 
     if start == 0 and cfg.eval.at_start and s.eval_rows:
         result.eval_before = evaluate_now(0)
-    boundary = step_boundary(s, gens)
+    boundary = step_boundary(s, gens, run)
     done, saved, updates_at_boundary = start, start, s.learner.optimizer_steps
     progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress)
     try:
@@ -242,8 +265,6 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
                 else:
                     metrics["skipped_updates"] = 1.0
                 t_train = time.perf_counter() - t1
-                done, updates_at_boundary = step, s.learner.optimizer_steps
-                boundary = step_boundary(s, gens)
                 result.train_seconds += time.perf_counter() - t0
                 metrics.update({"timing/rollout_s": t_rollout, "timing/train_s": t_train,
                                 "timing/step_s": time.perf_counter() - t0, "tokens_per_s": generated / t_rollout,
@@ -251,19 +272,20 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
                 run.log(step, metrics)
                 run.log_samples(step, [_sample_row(g, "train") for g in seen[:2]])
                 progress.update(step, metrics)
-                if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0:
+                last = step == cfg.trainer.steps
+                if cfg.eval.every and step % cfg.eval.every == 0 and not last and s.eval_rows:
+                    evaluate_now(step)
+                if last and cfg.eval.at_end and s.eval_rows:
+                    result.eval_after = evaluate_now(step)
+                done, updates_at_boundary = step, s.learner.optimizer_steps
+                boundary = step_boundary(s, gens, run)
+                if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
                     checkpoint(step, boundary)
                     saved = step
-                if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps and s.eval_rows:
-                    evaluate_now(step)
     except BaseException:
         if done > saved and s.learner.optimizer_steps == updates_at_boundary:  # weights still match `boundary`
             checkpoint(done, boundary)
         raise
-    if done > saved:
-        checkpoint(done, boundary)
-    if cfg.eval.at_end and s.eval_rows:
-        result.eval_after = evaluate_now(cfg.trainer.steps)
     return result
 
 

@@ -29,7 +29,7 @@ from lmrl.rewards.functions import REWARD_FNS
 from lmrl.types import Group, Sample
 
 REWARD_AGGREGATIONS: Registry = Registry("reward aggregation")
-GROUP_REWARD_FNS: Registry = Registry("group reward function")
+GROUP_REWARD_FNS: Registry = Registry("group reward function", adopts_plain=False)
 
 
 @REWARD_AGGREGATIONS.register("weighted_sum", "sum of weight × component")
@@ -145,6 +145,12 @@ class RewardScorer:
         for key, v in values.items():
             sample.rewards[f"{comp.name}/{key}" if key else comp.name] = v
 
+    def _weight_of(self, key: str) -> float:
+        """A component's weight for its value `name` or its named part `name/part` (names may hold '/')."""
+        owner = max((c for c in self.components if key == c.name or key.startswith(c.name + "/")),
+                    key=lambda c: len(c.name), default=None)
+        return owner.weight if owner else 1.0
+
     def score(self, groups: list[Group]) -> dict[str, float]:
         reasons: Counter[str] = Counter()
         for group in groups:
@@ -165,8 +171,7 @@ class RewardScorer:
                 continue
             keys = sorted({k for s in valid for k in s.rewards})
             comps = {k: [s.rewards.get(k, 0.0) for s in valid] for k in keys}
-            weight_of = {c.name: c.weight for c in self.components}
-            weights = {k: weight_of.get(k.split("/")[0], 1.0) for k in keys}
+            weights = {k: self._weight_of(k) for k in keys}
             for s, r in zip(valid, self.aggregate(comps, weights, **self.cfg.aggregation_params)):
                 s.reward = float(r)
         total = sum(len(g.samples) for g in groups)

@@ -1,0 +1,75 @@
+"""Errors a person can act on: one line naming the file, key or setting; a dry run that checks what a run would."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import make_tokenizer, write_toy_task
+from lmrl import cli
+from lmrl.config import ConfigError, load_config
+from lmrl.models import tiny_llama
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) <= 2, err
+    return err
+
+
+def test_recipe_with_a_yaml_syntax_error_names_file_line_and_problem(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  steps: 3\n  lr: [1e-5\nrollout:\n  group_size: 4\n")
+    assert cli.main(["train", str(bad), "--dry-run"]) == 2
+    err = one_line_error(capsys)
+    assert f"{bad}:4:" in err and "YAML syntax error: expected ',' or ']'" in err
+
+
+def test_malformed_override_is_one_line(capsys):
+    assert cli.main(["train", "trainer.betas=[0.9, 0.99", "--dry-run"]) == 2
+    assert "override 'trainer.betas=[0.9, 0.99': the value is not valid YAML" in one_line_error(capsys)
+
+
+def test_missing_recipe_file_says_it_does_not_exist(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "missing.yaml"]) == 2
+    assert "recipe file missing.yaml does not exist" in one_line_error(capsys)
+
+
+def test_gspo_loss_without_its_aggregation_is_refused_naming_the_setting():
+    with pytest.raises(ConfigError, match=r"algo.loss=gspo is defined with algo.aggregation=seq_mean_token_mean, "
+                                          r"but algo.preset=grpo brings algo.aggregation=token_mean"):
+        load_config("quickstart", ["algo.loss=gspo"])
+    assert load_config("quickstart", ["algo.loss=gspo", "algo.aggregation=token_mean"]).algo.aggregation == "token_mean"
+    assert load_config("quickstart", ["algo.preset=gspo"]).algo.aggregation == "seq_mean_token_mean"
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path):
+    tok = make_tokenizer()
+    tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    return tmp_path / "model"
+
+
+def test_dry_run_checks_the_model_path(tmp_path, capsys):
+    assert cli.main(["train", f"model.path={tmp_path / 'nowhere'}", "--dry-run"]) == 2
+    assert "nowhere" in one_line_error(capsys)
+
+
+def test_dry_run_checks_the_dataset_fields(tmp_path, tiny_model_dir, capsys):
+    data = write_toy_task(tmp_path / "toy.jsonl")
+    common = [f"model.path={tiny_model_dir}", "task.name=jsonl", f"task.dataset={data}"]
+    assert cli.main(["train", *common, "task.answer_field=solution", "--dry-run"]) == 2
+    assert "lacks field(s) ['solution']" in capsys.readouterr().err
+    assert cli.main(["train", *common, "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert "first 16 training rows load" in captured.err and "task:" in captured.out
+
+
+def test_help_does_not_import_torch():
+    """`lmrl --help` answers at once: nothing heavy is imported to build the parser."""
+    code = "import sys, lmrl.cli; lmrl.cli.parser(); print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
