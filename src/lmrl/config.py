@@ -127,6 +127,8 @@ class TrainerConfig(Section):
     mini_batches: int = Field(1, ge=1)  # optimiser steps per rollout batch
     epochs: int = Field(1, ge=1)  # passes over each rollout batch
     seed: int = 0
+    # CPU threads: "auto" = the cores other processes leave idle, chosen before each step (docs/performance.md)
+    threads: int | Literal["auto"] = Field("auto")
 
 
 class EvalConfig(Section):
@@ -452,7 +454,7 @@ def config_to_yaml(cfg: Config) -> str:
 
 
 # Settings that may change when a run is resumed: extending it, where and how often it reports and saves.
-RESUMABLE = ("trainer.steps", "run.checkpoint_every", "run.keep_checkpoints", "run.progress", "run.trackers", "eval.")
+RESUMABLE = ("trainer.steps", "trainer.threads", "run.checkpoint_every", "run.keep_checkpoints", "run.progress", "run.trackers", "eval.")
 
 
 def resumable(key: str) -> bool:

@@ -20,6 +20,7 @@ from lmrl.eval.evaluator import evaluate
 from lmrl.learners.checkpoint import (clean_partial, latest_checkpoint, load_checkpoint, restore_rng, rng_state,
                                      save_checkpoint)
 from lmrl.loops.pmi import pmi, pmi_field
+from lmrl.models.threads import apply_threads
 from lmrl.loops.progress import StepProgress
 from lmrl.loops.run_dir import RunDir
 from lmrl.loops.setup import Stages, build_stages
@@ -246,6 +247,7 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
         with progress:
             for step in range(start + 1, cfg.trainer.steps + 1):
                 t0 = time.perf_counter()
+                threads = apply_threads(cfg.trainer.threads)
                 seen, kept, metrics = collect_groups(s)
                 t_rollout = time.perf_counter() - t0
                 metrics.update(rollout_metrics(seen, cfg.reward.accuracy_component))
@@ -268,6 +270,7 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
                 result.train_seconds += time.perf_counter() - t0
                 metrics.update({"timing/rollout_s": t_rollout, "timing/train_s": t_train,
                                 "timing/step_s": time.perf_counter() - t0, "tokens_per_s": generated / t_rollout,
+                                "timing/threads": float(threads),
                                 **s.data_notes})
                 run.log(step, metrics)
                 run.log_samples(step, [_sample_row(g, "train") for g in seen[:2]])
