@@ -25,7 +25,7 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    path: str = "default"  # "default" (embedded SmolLM2), a transformers directory, or a .gguf file
+    path: str = "default"  # "default" (embedded SmolLM2), a transformers directory, a .gguf file, or a hub id
 
 
 class TaskConfig(Section):

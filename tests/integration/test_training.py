@@ -106,3 +106,16 @@ def test_excluded_samples_do_not_stop_training(tmp_path, monkeypatch):
     rows = [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(r["excluded"] == pytest.approx(0.2, abs=0.05) for r in rows)
     assert all(r["skipped_updates"] == 0 for r in rows)
+
+
+def test_the_loop_feeds_the_chosen_tracker(tmp_path):
+    """`run.trackers=[tensorboard]`: every step's metrics reach the event file beside metrics.jsonl."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = toy_config(tmp_path, steps=3, run={"trackers": ["tensorboard"]})
+    result = train(cfg, stages=stages_for(cfg))
+    events = EventAccumulator(str(next(result.run_dir.rglob("events.out.tfevents.*")).parent))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward/mean")] == [1, 2, 3]
+    assert [e.value for e in events.Scalars("reward/mean")] == pytest.approx(read_rewards(result.run_dir))

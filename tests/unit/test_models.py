@@ -14,11 +14,6 @@ def test_resolve_missing_path(tmp_path):
         resolve_model_path(str(tmp_path / "nope"))
 
 
-def test_resolve_hub_name_is_rejected():
-    with pytest.raises(FileNotFoundError, match="hub names cannot be downloaded"):
-        resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
-
-
 def test_resolve_dir_without_config(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="config.json"):

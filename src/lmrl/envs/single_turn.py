@@ -4,9 +4,19 @@ from __future__ import annotations
 from typing import Any
 
 
-def prompt_messages(row: dict[str, Any], system_prompt: str | None) -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return messages + [{"role": "user", "content": row["question"]}]
+def prompt_messages(row: dict[str, Any], system_prompt: str | None) -> list[dict[str, Any]]:
+    """The chat messages of a row's prompt.
+
+    A text row (`question`) becomes one user message, after `system_prompt` as a system message. A
+    chat row (`prompt_messages`, a validated list from the task loader) is used as given; `system_prompt`
+    is put in front only when the chat has no system message of its own.
+    """
+    chat = row.get("prompt_messages")
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    if chat is not None:
+        messages = [dict(m) for m in chat]
+        return messages if any(m["role"] == "system" for m in messages) else system + messages
+    return system + [{"role": "user", "content": row["question"]}]
 
 
 def encode_prompt(tokenizer, row: dict[str, Any], system_prompt: str | None) -> list[int]:
@@ -43,6 +53,8 @@ def add_prompt_variants(tokenizer, rows: list[dict[str, Any]], instructions: lis
                         system_prompt: str | None) -> list[dict[str, Any]]:
     """Rows that also roll out with each instruction appended to the question (after a blank line).
 
+    For a chat row the instruction is appended to its last user message, which the question mirrors.
+
     Every row gets `prompt_variant` 0 and `variant_of` = its uid; its `variants` are full rows
     (`prompt_variant` i = 1, 2, …, their own `prompt_ids`) that `with_variants` expands at rollout.
     """
@@ -53,10 +65,18 @@ def add_prompt_variants(tokenizer, rows: list[dict[str, Any]], instructions: lis
         for i, instruction in enumerate(instructions, start=1):
             v = {**base, "uid": f"{row['uid']}#v{i}", "prompt_variant": i,
                  "question": f"{row['question']}\n\n{instruction}"}
+            if row.get("prompt_messages") is not None:
+                v["prompt_messages"] = _append_to_last_user(row["prompt_messages"], instruction)
             v["prompt_ids"] = encode_prompt(tokenizer, v, system_prompt)
             variants.append(v)
         out.append({**base, "variants": variants})
     return out
+
+
+def _append_to_last_user(messages: list[dict[str, Any]], instruction: str) -> list[dict[str, Any]]:
+    last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    return [{**m, "content": f"{m['content']}\n\n{instruction}"} if i == last else dict(m)
+            for i, m in enumerate(messages)]
 
 
 def rollout(engine, tokenizer, rows: list[dict[str, Any]], n: int, params, generator=None) -> list:

@@ -12,6 +12,7 @@ from lmrl.data.demonstrations import template_fields
 from lmrl.engines import ENGINES
 from lmrl.envs import TASKS
 from lmrl.loops.pmi import pmi_field
+from lmrl.loops.trackers import check_trackers
 from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
 
 
@@ -131,6 +132,7 @@ def check_names(cfg: Config) -> None:
                               f"{[c.name for c in cfg.reward.components]}")
     check_combinations(cfg)
     check_demonstrations(cfg)
+    check_trackers(cfg.run.trackers)
     names = [c.name for c in cfg.reward.components]
     if len(set(names)) != len(names):
         raise ConfigError(f"reward.components: each component may appear once (got {names})")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lmrl.config import Config, config_to_yaml
+from lmrl.loops.trackers import Trackers
 
 
 def _clean(value: Any) -> Any:
@@ -24,6 +25,7 @@ class RunDir:
         self.metrics_file = path / "metrics.jsonl"
         self.samples_file = path / "samples.jsonl"
         self.checkpoints = path / "checkpoints"
+        self.trackers = Trackers()  # TensorBoard / W&B / MLflow, fed with what the files receive
 
     @staticmethod
     def new(cfg: Config) -> "RunDir":
@@ -39,11 +41,13 @@ class RunDir:
         row = {"step": step, "time": time.time(), **{k: _clean(v) for k, v in metrics.items()}}
         with self.metrics_file.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        self.trackers.log(step, metrics)
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         with self.samples_file.open("a") as f:
             for row in rows:
                 f.write(json.dumps({"step": step, **row}) + "\n")
+        self.trackers.log_samples(step, rows)
 
     def positions(self) -> dict[str, int]:
         """The logs' sizes in bytes, flushed to disk: a checkpoint records them to rewind to on resume."""

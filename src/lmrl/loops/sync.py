@@ -24,6 +24,7 @@ from lmrl.models.threads import apply_threads
 from lmrl.loops.progress import StepProgress
 from lmrl.loops.run_dir import RunDir
 from lmrl.loops.setup import Stages, build_stages
+from lmrl.loops.trackers import Trackers
 from lmrl.types import Group, collate
 
 
@@ -187,6 +188,7 @@ def open_run(cfg: Config, resume: Path | None) -> RunDir:
     run = RunDir.new(cfg) if resume is None else RunDir(Path(resume))
     run.write_config(cfg)  # first thing: a run killed while it loads can already be resumed
     clean_partial(run.checkpoints)
+    run.trackers = Trackers.from_config(cfg.run.trackers, run.path, cfg.model_dump(mode="json"))
     return run
 
 
@@ -195,10 +197,15 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
 
     Killed at any moment, a run resumed with `resume` ends with the same weights, optimiser state and
     logs as if it had never stopped: each step's evaluation happens before its checkpoint, and the
-    checkpoint records how far the logs had got.
+    checkpoint records how far the logs had got (docs/runs.md).
     """
     run = open_run(cfg, resume)
-    s = stages or build_stages(cfg)
+    with run.trackers:
+        return run_steps(cfg, run, resume, stages or build_stages(cfg))
+
+
+def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunResult:
+    """The loop itself, on an open run directory."""
     pad_id = s.engine.pad_token_id
     gens = {"rollout": s.generator, "shuffle": s.learner.shuffle}
     start = 0
