@@ -13,7 +13,7 @@ swapping which side goes first each time.
 Identical workload: the same model directory, the same prompts in the same order (TRL's dataset is
 the exact sequence lmrl's seeded sampler draws, with TRL's shuffling off; the children report the
 prompt uids of every step and the parent checks they match), the same chat template and system
-prompt, the same reward (lmrl's `answer` logic: extract_answer / last_number / answers_match),
+prompt, the same reward (lmrl's `answer` logic: final_answer / answers_match),
 fp32, β = 0 (no reference model), temperature 1, constant learning rate, one optimiser step per
 rollout batch of prompts × group completions.
 
@@ -283,7 +283,7 @@ def child_trl(spec: dict) -> None:
     from lmrl.envs import prompt_messages
     from lmrl.loops.setup import prepare_data
     from lmrl.models import load_tokenizer, resolve_model_path
-    from lmrl.rewards.functions import answers_match, extract_answer, last_number
+    from lmrl.rewards.functions import answers_match, final_answer
 
     P, G = spec["prompts"], spec["group"]
     total = spec["warmup"] + spec["steps"]
@@ -294,21 +294,20 @@ def child_trl(spec: dict) -> None:
     sampler = SAMPLERS.get(cfg.data.sampler)(train_rows, seed=cfg.trainer.seed)
     ordered = [row for _ in range(total) for row in sampler.next_prompts(P)]  # exactly lmrl's draws
     dataset = datasets.Dataset.from_list([
-        {"prompt": prompt_messages(r, cfg.task.system_prompt), "answer": str(r["answer"]), "uid": r["uid"]}
+        {"prompt": prompt_messages(r, cfg.task.system_prompt), "answer": str(r["answer"]), "uid": r["uid"],
+         "question": r["question"]}
         for r in ordered])
     expected_prompt_ids = [list(r["prompt_ids"]) for r in ordered]
 
     calls: list[dict] = []  # one record per reward call (one per step here)
 
-    def answer(completions, answer, uid, completion_ids, **_):
+    def answer(completions, answer, uid, completion_ids, question, **_):
         """lmrl's `answer` reward with fallback=last_number, on TRL's decoded completions."""
         out = []
-        for completion, gold in zip(completions, answer):
+        for completion, gold, q in zip(completions, answer, question):
             text = completion[0]["content"] if isinstance(completion, list) else completion
-            predicted = extract_answer(text)
-            if predicted is None:
-                predicted = last_number(text)
-            out.append(float(predicted is not None and answers_match(predicted, str(gold))))
+            predicted = final_answer(text, fallback="last_number", question=q)
+            out.append(float(predicted is not None and answers_match(predicted, str(gold), question=q)))
         seen = []
         for u in uid:
             if not seen or seen[-1] != u:

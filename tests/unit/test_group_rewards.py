@@ -38,7 +38,7 @@ def test_majority_vote_rewards_the_most_frequent_answer():
 
 
 def test_majority_vote_matches_numbers_numerically_and_counts_missing_answers_as_dissent():
-    samples = [make("Answer: 12"), make("so it is 12.0"), make("Answer: 1,2"), make("no idea"), make("Answer: 3")]
+    samples = [make("Answer: 12"), make("so it is 12.0"), make("Answer: 12.00"), make("no idea"), make("Answer: 3")]
     assert majority_vote(samples, fallback="last_number") == [1.0, 1.0, 1.0, 0.0, 0.0]
     assert samples[0].info["majority_vote"]["agreement"] == pytest.approx(3 / 5)
     assert majority_vote(samples) == [1.0, 0.0, 1.0, 0.0, 0.0]  # without the fallback, "12.0" has no marker

@@ -33,6 +33,92 @@ def test_answers_match(pred, gold, ok):
     assert answers_match(pred, gold) is ok
 
 
+@pytest.mark.parametrize("pred,gold,ok", [
+    # numeric gold: a number literal, never an expression that evaluates to it
+    ("1 + 2", "3", False), ("6/2", "3", False), ("$8 + 2 - 7$", "3", False), ("\\boxed{8+2-7}", "3", False),
+    ("1+2=3", "3", False), ("3 or 4", "3", False), ("1,2", "12", False), ("1 2", "12", False),
+    ("1,234", "1234", True), ("1 234", "1234", True), ("1,23,4", "1234", False), ("$1{,}234$", "1234", True),
+    ("3/4", "0.75", True), ("3/4", "3/4", True), ("6/8", "3/4", False), ("\\frac{3}{4}", "0.75", True),
+    ("-3", "-3", True), ("\u22123", "-3", True), ("- 3", "-3", True), ("+3", "3", True),
+    ("5 apples", "5", True), ("$5", "5", True), ("5%", "5", True), ("5 or so", "5", False), ("3x", "3", False),
+    ("x = 3", "3", True), ("three", "3", False), ("3.", "3", True), ("\\boxed{3}", "3", True),
+    ("1e3", "1000", False), ("0.333333", "1/3", True), ("0.33", "1/3", False),
+    # other gold: math-verify, unless the prediction hedges
+    ("1 + x^2", "x^2+1", True), ("x^2+1 or x^2-1", "x^2+1", False), ("Paris or London", "Paris", False),
+])
+def test_what_counts_as_a_number(pred, gold, ok):
+    assert answers_match(pred, gold) is ok
+
+
+def test_a_fraction_from_the_question_is_not_an_answer():
+    assert answers_match("3/4", "0.75")
+    assert not answers_match("3/4", "0.75", question="What is 3/4 as a decimal?")
+    assert not answers_match("3/4", "0.75", question="What is 3 \\div 4?")
+    assert answers_match("3/4", "0.75", question="What is 13/4 - 2.5?")  # 3/4 is not in it
+
+
+@pytest.mark.parametrize("text,numeric", [
+    ("3", True), ("-12", True), ("1,234", True), ("0.75", True), ("3/4", True), ("6/2", True),
+    ("\\frac{1}{2}", True), ("$5", True), ("5 apples", False), ("x = 3", False), ("3x", False),
+    ("x^2+1", False), ("Paris", False), ("1 + 2", False),
+])
+def test_is_number_is_strict_for_gold(text, numeric):
+    from lmrl.rewards.functions import is_number
+
+    assert is_number(text) is numeric
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("Answer: 3", "3"),
+    ("Answer: 3\nAnswer: 3.0", "3.0"),  # agreeing answers: the last
+    ("Answer: 4\nAnswer: 3", None),  # conflicting: no answer
+    ("so \\boxed{3}", "3"),
+    ("Answer: $\\boxed{3}$", "\\boxed{3}"),
+    ("\\boxed{4} then Answer: 3", None),
+    ("no marker 3", None),
+])
+def test_final_answer(text, expected):
+    from lmrl.rewards.functions import final_answer
+
+    assert final_answer(text) == expected
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("so it is 40 + 2 = 42.", "42"),
+    ("The sum of 40 and 2 is 42.", "42"),  # the question's numbers may appear
+    ("40 + 2 = 42. So the answer", "42"),
+    ("-2", "-2"),
+    ("It is 42 or 43", None),  # hedge
+    ("41 42 43", None),  # several candidates
+    ("Maybe 42.", None),
+    ("first 40 + 2", None),  # ends on an operand
+    ("Calculate 40 + 2.", None),
+    ("tens: 40 + 0 = 40. Then 2 + 0", None),  # cut off mid-derivation
+    ("no number", None),
+])
+def test_fallback_number(text, expected):
+    from lmrl.rewards.functions import fallback_number
+
+    assert fallback_number(text, question="Calculate 40 + 2.") == expected
+
+
+def test_fallback_is_only_for_replies_without_a_marker():
+    assert REWARD_FNS.get("answer")(sample("Answer: 41\nAnswer: 42"), fallback="last_number") == 0.0
+    assert REWARD_FNS.get("answer")(sample("Answer: forty-two, i.e. 42"), fallback="last_number") == 0.0
+    assert REWARD_FNS.get("answer")(sample("40 + 2 = 42"), fallback="last_number") == 1.0
+    with pytest.raises(ValueError, match="fallback"):
+        REWARD_FNS.get("answer")(sample("42"), fallback="lenient")
+
+
+def test_callers_api_is_unchanged():
+    """group.py and shaped.py call these with the old signatures."""
+    from lmrl.rewards.functions import last_number
+
+    assert last_number("a 1, then 2,") == "2" and last_number("none") is None
+    assert extract_answer("Answer: 5\nAnswer: 6") == "6"
+    assert answers_match("6", "6") and not answers_match("2 + 4", "6")
+
+
 def test_answer_and_format_rewards():
     assert REWARD_FNS.get("answer")(sample("Answer: 42")) == 1.0
     assert REWARD_FNS.get("answer")(sample("Answer: 41")) == 0.0

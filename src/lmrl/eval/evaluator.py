@@ -10,6 +10,7 @@ from lmrl.engines.base import SamplingParams
 from lmrl.envs.single_turn import rollout
 from lmrl.eval.metrics import mean_pass_at_k
 from lmrl.rewards.compute import RewardScorer
+from lmrl.rewards.gaming import gaming_share
 from lmrl.rewards.group import answer_classes, sample_answer
 from lmrl.types import Group
 
@@ -50,6 +51,8 @@ def evaluate(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: Eva
         "eval/accuracy": sum(c[0] for c in correct) / len(correct),
         "eval/response_length": sum(lengths) / len(lengths),
         "eval/num_prompts": float(len(rows)),
+        "eval/gaming_restated_question": gaming_share([s for g in greedy_groups for s in g.samples],
+                                                      accuracy_component),
     }
     if cfg.samples > 1:
         gen = torch.Generator().manual_seed(seed)

@@ -23,4 +23,7 @@ class StepProgress:
     def update(self, step: int, m: dict[str, float]) -> None:
         stats = (f"reward {m.get('reward/mean', float('nan')):.3f}  acc {m.get('accuracy', float('nan')):.3f}  "
                  f"{m.get('tokens_per_s', 0.0):.0f} tok/s")
+        gaming = m.get("gaming/restated_question", 0.0)
+        if gaming > 0:  # rewarded answers that restate the question: the accuracy may be fooled
+            stats += f"  [yellow]gaming? {gaming:.0%}[/yellow]"
         self.progress.update(self.task, completed=step, stats=stats)

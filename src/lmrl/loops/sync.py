@@ -21,6 +21,7 @@ from lmrl.learners.checkpoint import (clean_partial, latest_checkpoint, load_che
                                      save_checkpoint)
 from lmrl.loops.pmi import pmi, pmi_field
 from lmrl.models.threads import apply_threads
+from lmrl.rewards.gaming import gaming_metrics
 from lmrl.loops.progress import StepProgress
 from lmrl.loops.run_dir import RunDir
 from lmrl.loops.setup import Stages, build_stages
@@ -90,6 +91,7 @@ def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, f
         # Monte-Carlo entropy of the sampling policy: mean -log p of the sampled tokens, every row
         "entropy/rollout": -sum(sum(x.behaviour_logprobs) for x in samples) / max(sum(lengths), 1),
     }
+    out.update(gaming_metrics(scored, accuracy_component))  # rewarded answers that restate the question
     names = {k for x in scored for k in x.rewards}
     for name in sorted(names):
         out[f"reward/{name}"] = sum(x.rewards.get(name, 0.0) for x in scored) / len(scored)
