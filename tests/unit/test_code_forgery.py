@@ -569,7 +569,7 @@ def test_the_sandbox_never_receives_the_test(monkeypatch):
             requests.append(json.loads(data))
             return super().send(data, deadline)
 
-    monkeypatch.setattr(code_module, "SandboxSession", Spy)
+    monkeypatch.setattr(code_candidate, "SandboxSession", Spy)
     p = PROBLEMS["HumanEval/0"]
     program = build_program(p["prompt"], p["canonical_solution"], p["entry_point"])
     report = run_tests(program, p["test"], p["entry_point"], prompt=p["prompt"])
