@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from lmrl.algos.declarations import AdvantageSpec
 from lmrl.registry import Registry
 
-ADVANTAGES: Registry = Registry("advantage estimator")
+ADVANTAGES: Registry = Registry("advantage estimator", declares=AdvantageSpec)
 
 
 def outcome_to_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

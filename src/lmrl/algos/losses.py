@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lmrl.algos.declarations import LossSpec
 from lmrl.registry import Registry
 
-LOSSES: Registry = Registry("policy loss")
+LOSSES: Registry = Registry("policy loss", declares=LossSpec)
 
 
 @dataclass

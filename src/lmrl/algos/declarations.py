@@ -1,0 +1,38 @@
+"""What each estimator and loss declares at registration: the inputs it needs and what it guarantees.
+
+`ADVANTAGES.register("grpo", "...", group_relative=True)` stores an `AdvantageSpec`;
+`ADVANTAGES.spec("grpo")` reads it back. Config checks, the loop's inputs and the learner's shortcuts
+are derived from these records (docs/architecture.md), never from the method's name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class AdvantageSpec:
+    requires: frozenset[str] = frozenset()  # per-sample inputs beyond rewards, groups and masks (docs/methods/inputs.md)
+    state: type | None = None  # kept between steps and saved in checkpoints (algos/state.py)
+    group_relative: bool = False  # compares the samples of one prompt: needs rollout.group_size >= 2
+    critic: bool = False  # reads a value head's values; needs algo.critic=true
+    value_targets: Callable[..., Any] | None = None  # the critic's regression targets (critic estimators)
+    hidden_layer: int = -1  # which hidden states "hidden" means (index into the decoder's hidden states)
+
+    def __post_init__(self):
+        object.__setattr__(self, "requires", frozenset(self.requires))
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    requires: frozenset[str] = frozenset()
+    state: type | None = None
+    zero_at_zero_advantage: bool = False  # row-local and proportional to A: rows with A = 0 may be skipped
+    token_mask: Callable[..., Any] | None = None  # rejects tokens (dropped from the denominators by default)
+    needs_entropy: bool = False  # the learner computes exact token entropies with their gradient
+    sequence_ratio: bool = False  # one importance ratio per sequence: dual-clip and token-ratio bounds do not apply
+    sequence_is: bool = False  # weighs rows by pi_old(y)/pi_rollout(y): other policies' samples can be used
+    default_aggregation: str | None = None  # the aggregation the method is defined with
+
+    def __post_init__(self):
+        object.__setattr__(self, "requires", frozenset(self.requires))
