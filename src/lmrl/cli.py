@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lmrl.config import (PRESET_DESCRIPTIONS, RECIPES_DIR, Config, ConfigError, config_to_yaml, load_config,
-                         load_run_config)
+from lmrl.config import RECIPES_DIR, Config, ConfigError, config_to_yaml, load_config, load_run_config
+from lmrl.presets import PRESETS
 
 console = Console(stderr=True)
 
@@ -33,7 +33,7 @@ def _registries() -> dict:
 
 def cmd_list(args) -> int:
     if args.what == "algos":
-        rows = sorted(PRESET_DESCRIPTIONS.items())
+        rows = [(name, PRESETS.describe(name)) for name in PRESETS.names()]
     elif args.what == "recipes":
         import yaml
 
@@ -103,11 +103,12 @@ def cmd_train(args) -> int:
     result = train(cfg, resume=resume)
     before = result.eval_before.get("eval/accuracy")
     after = result.eval_after.get("eval/accuracy")
-    console.print(f"run directory: {result.run_dir}  (training time {result.train_seconds / 60:.1f} min)")
+    console.print(f"run directory: {result.run_dir}  (training time {result.train_seconds / 60:.1f} min)",
+                  soft_wrap=True)
     if before is not None and after is not None:
         n = int(result.eval_after.get("eval/num_prompts", 0))
         console.print(f"[bold]held-out greedy accuracy ({n} prompts): before {before:.3f} → after {after:.3f} "
-                      f"({(after - before) * 100:+.1f} points)")
+                      f"({(after - before) * 100:+.1f} points)", soft_wrap=True)
     return 0
 
 

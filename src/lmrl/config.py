@@ -1,7 +1,8 @@
-"""Typed, validated configuration: recipe YAML files, dotted command-line overrides, presets.
+"""Typed configuration: recipe YAML files (which may inherit with `base:`), dotted overrides, presets.
 
-An unknown key, a wrong type or an impossible combination fails here, before any model loads,
-with the key named and the nearest valid key suggested.
+Pydantic checks each field's type and range; an unknown key is named with the nearest valid one.
+`build_config` then runs the validation stages that need no data (lmrl.validation), so an
+impossible combination fails here, before any model loads.
 """
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+
+from lmrl.presets import PRESETS
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 
@@ -166,142 +169,16 @@ class Config(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
-    @model_validator(mode="after")
-    def _combinations(self) -> "Config":
-        a = self.algo
-        if a.loss == "gspo" and a.dual_clip is not None:
-            raise ValueError("algo.loss=gspo is a sequence-level ratio; algo.dual_clip applies to token ratios only")
-        if a.kl_in_reward and a.kl_coef == 0:
-            raise ValueError("algo.kl_in_reward=true needs algo.kl_coef > 0")
-        if a.advantage in GROUP_ESTIMATORS and self.rollout.group_size < 2:
-            raise ValueError(
-                f"algo.advantage={a.advantage} compares samples of one prompt; rollout.group_size must be >= 2"
-            )
-        if a.overlong_buffer >= self.rollout.max_new_tokens:
-            raise ValueError("algo.overlong_buffer must be smaller than rollout.max_new_tokens")
-        if self.data.demonstrations == "peers":
-            self._check_peers()
-        elif self.data.demonstrations != "none" and not self.task.demonstration:
-            raise ValueError(f"data.demonstrations={self.data.demonstrations} needs task.demonstration, a template "
-                             "over the task row's fields (e.g. '{solution}' or 'Answer: {answer}')")
-        if self.data.demonstrations == "rescue" and a.critic:
-            raise ValueError("data.demonstrations=rescue leaves its rows out of the advantage estimate, which "
-                             "algo.critic=true (value targets for every row) does not support; use group or no critic")
-        if a.demo_nll_coef > 0 and self.data.demonstrations == "none":
-            raise ValueError("algo.demo_nll_coef > 0 trains on demonstration rows, but data.demonstrations=none "
-                             "adds none; set data.demonstrations=rescue (or group) and task.demonstration")
-        if self.data.group_filter != "none" and self.rollout.group_size < 2:
-            raise ValueError("data.group_filter needs rollout.group_size >= 2")
-        return self
+    # dotted keys the preset filled in (build_config): with the field defaults, what the user did not choose
+    _preset_filled: frozenset[str] = PrivateAttr(default=frozenset())
 
-    def _check_peers(self) -> None:
-        """Peer rollouts carry only a sequence log-prob, which only a sequence-level correction can use."""
-        if not self.task.peer_rollouts:
-            raise ValueError("data.demonstrations=peers needs task.peer_rollouts, the task row field holding "
-                             "[{'text': ..., 'logprob': ...}, ...]")
-        loss, agg = self.algo.loss, self.algo.loss_params.get("mis_seq_agg", "sum")
-        if loss not in SEQUENCE_IS_LOSSES or agg != "sum":
-            raise ValueError(f"data.demonstrations=peers weighs another policy's completions by the sequence ratio "
-                             f"π_self(y)/π_peer(y), but algo.loss={loss} does not use it (token ratios do not exist "
-                             f"across tokenizers); use algo.loss=ppo_clip_tis_seq (or ppo_clip_mis_seq with "
-                             f"mis_seq_agg=sum)")
-
-
-SEQUENCE_IS_LOSSES = {"ppo_clip_tis_seq", "ppo_clip_mis_seq"}  # weigh rows by π_old(y)/π_rollout(y)
-GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "xgrpo", "gdpo", "rvpo", "entrocraft",
-                    "eqlen", "p_grpo", "alpo", "prpo", "resrl"}
-
-# A preset is a named bundle of dotted settings; anything set explicitly by the user wins.
-PRESETS: dict[str, dict[str, Any]] = {
-    "grpo": {"algo.advantage": "grpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
-    "dapo": {
-        "algo.advantage": "grpo", "algo.loss": "ppo_clip", "algo.eps_low": 0.2, "algo.eps_high": 0.28,
-        "algo.dual_clip": 10.0, "algo.aggregation": "token_mean", "algo.kl_coef": 0.0,
-        "data.group_filter": "nonzero_std",
-    },
-    "dr_grpo": {"algo.advantage": "dr_grpo", "algo.loss": "ppo_clip", "algo.aggregation": "seq_mean_token_sum_norm",
-                "algo.kl_coef": 0.0},
-    "gspo": {"algo.advantage": "grpo", "algo.loss": "gspo", "algo.eps_low": 3e-4, "algo.eps_high": 4e-4,
-             "algo.aggregation": "seq_mean_token_mean", "algo.dual_clip": None},
-    "rloo": {"algo.advantage": "rloo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
-    "reinforce_pp": {"algo.advantage": "reinforce_pp", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean",
-                     "algo.kl_coef": 0.001, "algo.kl_in_reward": True},
-    "ppo": {"algo.advantage": "gae", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean", "algo.critic": True},
-    "evpo": {"algo.advantage": "evpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean", "algo.critic": True},
-    "resrl": {"algo.advantage": "resrl", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
-    "gdpo": {"algo.advantage": "gdpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
-    "rvpo": {"algo.advantage": "rvpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
-    "entrocraft": {"algo.advantage": "entrocraft", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean",
-                   "algo.advantage_params": {"binary_to_signed": True}, "algo.kl_coef": 0.001},
-    "eqlen": {"algo.advantage": "eqlen", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
-    "xgrpo": {"algo.advantage": "xgrpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
-    "alpo": {"algo.advantage": "alpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
-    "prpo": {"algo.advantage": "prpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
-    "p_grpo": {"algo.advantage": "p_grpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
-    "cost_aware_grpo": {"algo.advantage": "grpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean",
-                        "algo.cost_aware_fraction": 0.5},
-    "htpo": {"algo.advantage": "grpo", "algo.loss": "htpo", "algo.eps_low": 0.2, "algo.eps_high": 0.28,
-             "algo.dual_clip": 10.0, "algo.aggregation": "token_mean", "algo.kl_coef": 0.0},
-    "cispo": {"algo.advantage": "grpo", "algo.loss": "cispo", "algo.eps_low": 1.0, "algo.eps_high": 0.28,
-              "algo.aggregation": "token_mean"},
-    "sapo": {"algo.advantage": "grpo", "algo.loss": "sapo", "algo.aggregation": "seq_mean_token_mean"},
-    "grpo_or": {"algo.advantage": "grpo", "algo.loss": "output_reset", "algo.aggregation": "token_mean"},
-    "gft": {"algo.advantage": "grpo", "algo.loss": "gft", "algo.aggregation": "token_mean"},
-    "acrl": {"algo.advantage": "grpo", "algo.loss": "acrl", "algo.aggregation": "token_mean"},
-    "hargo": {"algo.advantage": "hargo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
-    "gepo": {"algo.advantage": "gepo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
-    "pipo": {"algo.advantage": "pipo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean"},
-    "grpo_chi2": {"algo.advantage": "grpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean",
-                  "algo.kl_estimator": "f_chi2", "algo.kl_coef": 0.05},
-    "gft_demo": {"algo.advantage": "grpo", "algo.loss": "gft", "algo.aggregation": "token_mean",
-                 "data.demonstrations": "group", "task.demonstration": "Answer: {answer}"},
-    "prp": {"algo.advantage": "grpo", "algo.loss": "ppo_clip_tis_seq", "algo.aggregation": "token_mean",
-            "data.demonstrations": "peers", "task.peer_rollouts": "peer_rollouts"},
-    "sgt": {"algo.advantage": "grpo", "algo.loss": "ppo_clip", "algo.aggregation": "token_mean",
-            "data.demonstrations": "rescue", "task.demonstration": "Answer: {answer}", "algo.demo_nll_coef": 0.1},
-    "policy_split": {"algo.advantage": "grpo", "algo.loss": "policy_split", "algo.aggregation": "token_mean",
-                     "algo.group_by": "variant_of",
-                     # exact entropy with its gradient keeps several [tokens, vocab] tensors: smaller micro-batches
-                     "trainer.micro_batch_tokens": 2048,
-                     "task.prompt_variants": ["Explore: consider several different approaches before you settle "
-                                              "on an answer."]},
-}
-PRESET_DESCRIPTIONS = {
-    "grpo": "GRPO: group-normalised advantages, PPO clip, token-mean",
-    "dapo": "DAPO: clip-higher 0.2/0.28, dual-clip 10, token-mean, dynamic sampling, no KL",
-    "dr_grpo": "Dr.GRPO: no std normalisation, sum over tokens / constant horizon, no KL",
-    "gspo": "GSPO: sequence-level ratio clipped at 3e-4/4e-4, seq-mean-token-mean",
-    "rloo": "RLOO: leave-one-out baseline, PPO clip",
-    "reinforce_pp": "REINFORCE++: batch-whitened return-to-go, k1 KL folded into the reward",
-    "ppo": "PPO: learned critic (value head), GAE advantages, clipped value loss, PPO clip",
-    "evpo": "EVPO: critic advantages while the critic's explained variance > 0, else a batch-mean baseline",
-    "resrl": "ResRL: negative tokens weighted by their residual off the positives' hidden-state subspace",
-    "gdpo": "GDPO: each reward component group-normalised, summed, batch z-scored",
-    "rvpo": "RVPO: SoftMin over per-component group advantages (penalises reward variance)",
-    "entrocraft": "Entrocraft: RAFT++ / NSR / GRPO chosen by batch entropy against a scheduled band",
-    "eqlen": "EqLen: GRPO advantages on equal-length segments of paired responses",
-    "xgrpo": "XGRPO: GRPO with the baseline pooled over own and peer rewards (task field peer_rewards)",
-    "alpo": "ALPO: text tokens get the text-reward advantage, speech tokens the acoustic one",
-    "prpo": "PRPO: GRPO within each permutation plus GRPO of permutation means (task fields)",
-    "p_grpo": "P-GRPO: GRPO advantages reweighted per token by PMI with the evidence (task field without it)",
-    "cost_aware_grpo": "Cost-Aware GRPO: train on half the rows, drawn by |A|/sqrt(length), importance-weighted",
-    "htpo": "HTPO: clip bounds and loss weights by token entropy and prompt difficulty (DAPO-style clip)",
-    "cispo": "CISPO: REINFORCE with the IS weight clipped (at 1.28) and detached; no token loses its gradient",
-    "sapo": "SAPO: soft sigmoid gate on the ratio instead of a hard clip, sharper for negative advantages, "
-            "seq-mean-token-mean",
-    "grpo_or": "GRPO-OR (Output Reset): one-sided squared pull of the log-ratio to a margin, no clip",
-    "gft": "GFT: policy gradient with the 1/pi weight capped at 1/tau (tau = 0.1)",
-    "acrl": "ACRL: PPO clip, tokens masked when train/rollout ratio leaves [1/c, c]; c adapts to the discrepancy",
-    "hargo": "HARGO: GRPO advantages boosted by group contrast x reference doubt, group-softmax weighted",
-    "gepo": "GEPO: GRPO advantages damped where the group's entropy leaves its history band (mu ± sigma)",
-    "pipo": "PIPO: GRPO step, then a replay of the previous batch scaled by the reward-window verdict",
-    "grpo_chi2": "GRPO regularised by the chi-squared divergence to the reference (coefficient 0.05)",
-    "gft_demo": "GFT with the task's reference answer as one more group member (reads gold answers as data)",
-    "prp": "PRP: another policy's rollouts (task field peer_rollouts) join each group, weighted min(π/π_peer, 2)",
-    "sgt": "SGT rescue: groups with no success get the reference answer, trained by a supervised term (0.1)",
-    "policy_split": "Policy Split: each prompt also rolled out with an exploration instruction; pooled GRPO, "
-                    "entropy bonus on that mode",
-}
+    def inherited(self, key: str) -> bool:
+        """True when the user left the dotted `key` unset: its value is the preset's or the field's default."""
+        *sections, name = key.split(".")
+        node: BaseModel = self
+        for section in sections:
+            node = getattr(node, section)
+        return key in self._preset_filled or name not in node.model_fields_set
 
 
 def _set_dotted(tree: dict, key: str, value: Any) -> None:
@@ -387,12 +264,54 @@ def recipe_path(name_or_path: str) -> Path:
     raise ConfigError(f"no recipe {name_or_path!r}{hint} (shipped: {', '.join(known)})")
 
 
+def merge_trees(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    """`child` over `base`: nested mappings merge key by key, lists and scalars replace."""
+    out = dict(base)
+    for key, value in child.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merge_trees(out[key], value) if both else value
+    return out
+
+
+def _label(path: Path) -> str:
+    return path.stem if path.parent == RECIPES_DIR else str(path)
+
+
+def _base_path(base: object, child: Path) -> Path:
+    """A bare name is a shipped recipe; a path is looked up beside the child first, then as given."""
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{child}: base must be a recipe name or path (got {base!r})")
+    sibling = child.parent / base
+    if sibling.is_file():
+        return sibling.resolve()
+    try:
+        return recipe_path(base).resolve()
+    except ConfigError as err:
+        raise ConfigError(f"{child}: base: {err}") from None
+
+
+def read_recipe(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A recipe's tree with its `base:` chain merged under it (the child's description is its own)."""
+    chain = (*chain, path.resolve())
+    tree = read_yaml(path)
+    if "base" not in tree:
+        return tree
+    parent = _base_path(tree.pop("base"), path)
+    if parent in chain:
+        cycle = " -> ".join(_label(p) for p in (*chain, parent))
+        raise ConfigError(f"recipe inheritance cycle: {cycle}; a recipe's base may not lead back to it")
+    inherited = read_recipe(parent, chain)
+    inherited.pop("description", None)
+    inherited.pop("recipe", None)
+    return merge_trees(inherited, tree)
+
+
 def load_config(recipe: str | None = "quickstart", overrides: list[str] | None = None) -> Config:
-    """Load a recipe, apply dotted overrides, expand the preset, and validate everything."""
+    """Load a recipe (with its bases), apply dotted overrides, expand the preset, and validate everything."""
     tree: dict[str, Any] = {}
     if recipe:
         path = recipe_path(recipe)
-        tree = read_yaml(path)
+        tree = read_recipe(path)
         tree.setdefault("recipe", path.stem)
     for item in overrides or []:
         key, value = parse_override(item)
@@ -400,53 +319,37 @@ def load_config(recipe: str | None = "quickstart", overrides: list[str] | None =
     return build_config(tree)
 
 
-def _check_sequence_bounds(tree: dict[str, Any], preset: str) -> None:
-    """GSPO's clip bounds (3e-4/4e-4) fit a sequence ratio; with a token-ratio loss they clip almost every token."""
-    algo = tree.get("algo") or {}
-    loss = algo.get("loss", PRESETS[preset].get("algo.loss"))
-    if preset == "gspo" and loss != "gspo" and not ("eps_low" in algo and "eps_high" in algo):
-        raise ConfigError(f"algo.preset=gspo brings sequence-ratio clip bounds (algo.eps_low=3e-4, algo.eps_high=4e-4) "
-                          f"but algo.loss={loss} clips token ratios with them, which clips almost every token; "
-                          "set algo.eps_low and algo.eps_high explicitly (e.g. 0.2 / 0.2)")
-
-
-# Losses defined with an aggregation of their own (verl uses sequence-mean for GSPO whatever the run's default).
-LOSS_AGGREGATION = {"gspo": "seq_mean_token_mean"}
-
-
-def _check_loss_aggregation(tree: dict[str, Any], preset: str) -> None:
-    """A loss chosen without its aggregation must not silently take a preset's different one."""
-    algo = tree.get("algo") or {}
-    loss = algo.get("loss", PRESETS[preset].get("algo.loss"))
-    wanted = LOSS_AGGREGATION.get(loss)
-    inherited = PRESETS[preset].get("algo.aggregation", AlgoConfig.model_fields["aggregation"].default)
-    if wanted and "aggregation" not in algo and inherited != wanted:
-        raise ConfigError(f"algo.loss={loss} is defined with algo.aggregation={wanted}, but algo.preset={preset} "
-                          f"brings algo.aggregation={inherited}; use algo.preset={loss}, or set algo.aggregation "
-                          f"yourself ({wanted} as in the paper, or {inherited} to keep it)")
+def _expand_preset(tree: dict[str, Any]) -> frozenset[str]:
+    """Fill the preset's settings the user left unset; returns the dotted keys it filled."""
+    name = str((tree.get("algo") or {}).get("preset", AlgoConfig.model_fields["preset"].default))
+    if name not in PRESETS:
+        raise ConfigError(f"algo.preset: {PRESETS.unknown_message(name)}")
+    settings = PRESETS.get(name).settings
+    filled = [key for key in settings if not _has_dotted(tree, key)]
+    for key in filled:
+        _set_dotted(tree, key, copy.deepcopy(settings[key]))
+    return frozenset(filled)
 
 
 def build_config(tree: dict[str, Any]) -> Config:
+    """A validated Config from a tree: known keys, the preset expanded, field types, then the validation
+    stages that need no data (names resolve, method declarations fit the settings)."""
     tree = copy.deepcopy(tree)
     _check_keys(tree, Config)
-    preset = (tree.get("algo") or {}).get("preset", AlgoConfig.model_fields["preset"].default)
-    if preset not in PRESETS:
-        near = difflib.get_close_matches(str(preset), list(PRESETS), n=1)
-        hint = f"; did you mean {near[0]!r}?" if near else ""
-        raise ConfigError(f"unknown algo.preset {preset!r}{hint} (presets: {', '.join(PRESETS)})")
-    _check_sequence_bounds(tree, preset)
-    _check_loss_aggregation(tree, preset)
-    for key, value in PRESETS[preset].items():
-        if not _has_dotted(tree, key):
-            _set_dotted(tree, key, value)
+    filled = _expand_preset(tree)
     try:
-        return Config.model_validate(tree)
+        cfg = Config.model_validate(tree)
     except ValidationError as err:
         lines = []
         for e in err.errors():
             loc = ".".join(str(p) for p in e["loc"])
             lines.append(f"{loc or 'config'}: {e['msg']}" + (f" (got {e['input']!r})" if loc else ""))
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+    cfg._preset_filled = filled
+    from lmrl.validation import check_names  # the checks read the registries, which import torch
+
+    check_names(cfg)
+    return cfg
 
 
 def config_to_yaml(cfg: Config) -> str:

@@ -19,19 +19,9 @@ from typing import Any
 
 import torch
 
-from lmrl.engines.base import SamplingParams
-from lmrl.engines.hf import HFEngine
+from lmrl.engines import HFEngine, SamplingParams, eos_ids
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
-
-
-def eos_ids(tokenizer, model) -> list[int]:
-    """The tokenizer's EOS plus the generation config's, as in training rollouts (without importing the loop)."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if gen_eos is not None:
-        ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-    return sorted(ids)
 
 
 class RequestError(ValueError):

@@ -1,13 +1,42 @@
 """The records that flow between stages: Sample (one trajectory), Group (one prompt's samples), Batch.
 
-Token ids are the truth: the learner trains on exactly the ids the engine produced.
+Token ids are the truth: the learner trains on exactly the ids the engine produced. A Sample says
+where it came from (`Origin`); what the loop and the algorithm do with it follows from that.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import torch
+
+
+class Origin(Enum):
+    """Where a sample came from: rolled out by the policy being trained, or added from elsewhere
+    (docs/methods/demonstrations.md). Its properties decide how the batch treats it; a new kind of
+    sample (an environment's turn, a replayed sample) is a new member with its answers to them."""
+
+    SAMPLED = "sampled"  # the engine rolled it out from the current policy
+    DEMONSTRATION = "demonstration"  # a reference completion from the task data, one more member of its group
+    RESCUE = "rescue"  # a reference completion for a group where nothing succeeded, in a group of its own
+    PEER = "peer"  # another policy's completion, with that policy's log-probability
+
+    @property
+    def sampled(self) -> bool:
+        """Sampled by the policy being trained (the batch's `demonstration` flag is 0 exactly here)."""
+        return self is Origin.SAMPLED
+
+    @property
+    def in_advantage(self) -> bool:
+        """Enters the advantage estimate; a rescue row is trained only by a supervised term."""
+        return self is not Origin.RESCUE
+
+    @property
+    def brings_logprobs(self) -> bool:
+        """Comes with behaviour log-probs (the engine's, or the peer's); otherwise the current policy's
+        stand in, filled before the update, so its importance ratio starts at 1."""
+        return self in (Origin.SAMPLED, Origin.PEER)
 
 
 @dataclass
@@ -23,6 +52,11 @@ class Sample:
     reward: float | None = None
     excluded: str | None = None  # why this sample is left out of the update (reward error, NaN, …)
     info: dict[str, Any] = field(default_factory=dict)
+    origin: Origin = Origin.SAMPLED
+
+    @property
+    def in_advantage(self) -> bool:
+        return self.origin.in_advantage
 
     @property
     def input_ids(self) -> list[int]:
@@ -45,19 +79,25 @@ class Group:
     def rewards(self) -> list[float | None]:
         return [s.reward for s in self.samples]
 
+    @property
+    def scored(self) -> list[Sample]:
+        """The samples that enter the update (not excluded), in batch order."""
+        return [x for x in self.samples if x.excluded is None]
+
 
 @dataclass
 class Batch:
     """Samples packed into right-padded tensors for the learner.
 
     `completion_mask` marks generated tokens (shifted: position t predicts token t+1, so the masks
-    and per-token tensors have width T-1). Advantages, weights and any algorithm-specific per-token
-    tensors are filled in by the algorithm before the learner sees the batch.
+    and per-token tensors have width T-1). Advantages and any algorithm-specific per-token tensors
+    are filled in by the algorithm before the learner sees the batch.
 
-    Three kinds of per-sample inputs travel with the batch: `extras` are per-token ([B, T-1, ...],
-    trimmed with the tokens when rows are selected) or per-row ([B]); `row_extras` have any shape
-    [B, ...] and are only row-selected (reward components [B, K], peer rewards [B, P]); `context`
-    holds batch-level values (training step, total steps, batch entropy, component names).
+    Three kinds of per-sample inputs travel with the batch, filled by the input providers
+    (`lmrl.data.inputs`): `extras` are per-token ([B, T-1, ...], trimmed with the tokens when rows
+    are selected) or per-row ([B]); `row_extras` have any shape [B, ...] and are only row-selected
+    (reward components [B, K], peer rewards [B, P], the origin flags `demonstration` and
+    `in_advantage`); `context` holds batch-level values (training step, total steps, component names).
     """
 
     input_ids: torch.Tensor  # [B, T] long
@@ -67,7 +107,6 @@ class Batch:
     sequence_rewards: torch.Tensor  # [B] float
     group_index: torch.Tensor  # [B] long: which group each row belongs to
     advantages: torch.Tensor | None = None  # [B, T-1]
-    weights: torch.Tensor | None = None  # [B, T-1] per-token weights (masks, IS corrections)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     row_extras: dict[str, torch.Tensor] = field(default_factory=dict)
     context: dict[str, Any] = field(default_factory=dict)
@@ -95,7 +134,6 @@ class Batch:
             sequence_rewards=take(self.sequence_rewards, 0),
             group_index=take(self.group_index, 0),
             advantages=take(self.advantages, width - 1),
-            weights=take(self.weights, width - 1),
             extras={k: take(v, width - 1) for k, v in self.extras.items()},
             row_extras={k: v[idx] for k, v in self.row_extras.items()},
             context=dict(self.context),

@@ -1,4 +1,4 @@
-"""The real loop on a tiny random model with the losses of methods_control / methods_group that the
+"""The real loop on a tiny random model with the soft-clipping, controller and entropy-control methods that the
 loop can feed (output_reset, gft, acrl with its adaptive band, gepo with its entropy history, pipo
 with its replay of the previous batch, the χ² regulariser): reward rises on a toy task, and each method's own
 metrics reach the run's metrics file."""
@@ -13,6 +13,7 @@ import torch
 from conftest import make_tokenizer, toy_run_config
 from lmrl.loops import build_stages, train
 from lmrl.models import tiny_llama
+from lmrl.types import Origin
 
 
 def toy_config(tmp_path, steps, algo, trainer):
@@ -55,7 +56,8 @@ def test_tiny_model_learns_toy_task(tmp_path, algo, trainer, metric):
 
 def test_policy_split_rolls_out_both_modes_in_one_group(tmp_path):
     from lmrl.config import ConfigError
-    from lmrl.loops.sync import collect_groups, to_batch
+    from lmrl.loops.batching import to_batch
+    from lmrl.loops.sync import batch_inputs, collect_groups
 
     cfg = toy_config(tmp_path, 8, {"preset": "policy_split"}, {})
     tok = make_tokenizer()
@@ -66,7 +68,7 @@ def test_policy_split_rolls_out_both_modes_in_one_group(tmp_path):
     assert (plain.row["prompt_variant"], variant.row["prompt_variant"]) == (0, 1)
     assert variant.row["variant_of"] == plain.row["uid"] and variant.row["question"].startswith(plain.row["question"])
     assert len(variant.samples[0].prompt_ids) > len(plain.samples[0].prompt_ids)
-    batch = to_batch(kept, 0, "contains_7", ["contains_7"], {"prompt_variant"}, "variant_of")
+    batch = to_batch(batch_inputs(stages, kept, 1), 0)
     g = cfg.rollout.group_size
     assert batch.group_index[: 2 * g].tolist() == [0] * (2 * g)  # both modes pooled
     assert batch.row_extras["prompt_variant"][: 2 * g].tolist() == [0] * g + [1] * g
@@ -82,15 +84,18 @@ def test_policy_split_rolls_out_both_modes_in_one_group(tmp_path):
 def test_demonstrations_train_in_the_loop(tmp_path, mode, algo):
     """SGT's rescue rows (supervised term) and GFT's demonstration group member: the run trains, demos
     are added, and their behaviour log-probs are the policy's own (not the placeholder zeros)."""
-    from lmrl.loops.sync import collect_groups, fill_inputs, to_batch
+    from lmrl.loops.batching import to_batch
+    from lmrl.loops.providers import provide
+    from lmrl.loops.sync import batch_inputs, collect_groups
 
     cfg = toy_run_config(tmp_path, 12, algo=algo, data={"demonstrations": mode}, task={"demonstration": "{answer}"})
     tok = make_tokenizer()
     stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
     _, kept, metrics = collect_groups(stages)
     assert metrics["data/demonstrations"] > 0
-    batch = to_batch(kept, 0, "contains_7", ["contains_7"])
-    fill_inputs(stages, batch, kept, 1)
+    inputs = batch_inputs(stages, kept, 1)
+    batch = to_batch(inputs, 0)
+    provide(batch, inputs, with_learner=True)
     demo_rows = batch.row_extras["demonstration"].nonzero().flatten()
     assert len(demo_rows) == metrics["data/demonstrations"]
     assert (batch.behaviour_logprobs[demo_rows].sum(1) < 0).all()
@@ -105,7 +110,9 @@ def test_demonstrations_train_in_the_loop(tmp_path, mode, algo):
 def test_peer_rollouts_train_with_their_sequence_importance_weight(tmp_path):
     """PRP: each prompt's two peer completions ("7", right; "3", wrong) join its group with the peer's
     log-probs; the sequence IS weight of a peer row is min(π_self(y)/π_peer(y), 2) and the run learns."""
-    from lmrl.loops.sync import collect_groups, fill_inputs, to_batch
+    from lmrl.loops.batching import to_batch
+    from lmrl.loops.providers import provide
+    from lmrl.loops.sync import batch_inputs, collect_groups
 
     peers = [{"text": "7", "logprob": -1.0}, {"text": "3", "logprob": -30.0}]
     rows = [{"question": f"q{i % 10} say 7", "answer": "7", "peers": peers} for i in range(64)]
@@ -116,9 +123,10 @@ def test_peer_rollouts_train_with_their_sequence_importance_weight(tmp_path):
     stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
     _, kept, metrics = collect_groups(stages)
     assert metrics["data/demonstrations"] == 2 * cfg.rollout.prompts_per_step
-    batch = to_batch(kept, 0, "contains_7", ["contains_7"])
-    fill_inputs(stages, batch, kept, 1)
-    peer_rows = (batch.row_extras["demonstration"] == 3).nonzero().flatten()
+    inputs = batch_inputs(stages, kept, 1)
+    batch = to_batch(inputs, 0)
+    provide(batch, inputs, with_learner=True)
+    peer_rows = torch.tensor([i for i, x in enumerate(inputs.samples) if x.origin is Origin.PEER])
     assert batch.behaviour_logprobs[peer_rows].sum(1).tolist() == pytest.approx([-1.0, -30.0] * 4, abs=1e-4)
     own = stages.learner.logprobs(batch)[peer_rows].mul(batch.completion_mask[peer_rows]).sum(1)
     weight = torch.exp(own - torch.tensor([-1.0, -30.0] * 4)).clamp(max=2.0)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from lmrl.algos import ADVANTAGES, Algorithm
-from lmrl.algos.methods_control import pipo_verdict
+from lmrl.algos.controllers import pipo_verdict
 from lmrl.config import AlgoConfig, ConfigError, build_config
-from lmrl.loops.build import check_names
+from lmrl.validation import check_names
 from lmrl.types import Sample, collate
 
 
@@ -49,7 +49,7 @@ def test_acrl_band_follows_the_measured_discrepancy_and_round_trips():
     batch = batch_of([1, 0], [0, 0])
     algo.prepare(batch)
     assert batch.extras["acrl_band"].tolist() == [2.0, 2.0]
-    assert algo.after_update(batch, {"acrl/discrepancy": 0.02}) == {"acrl/next_band": pytest.approx(1.6)}  # spec §21
+    assert algo.after_update(batch, {"acrl/discrepancy": 0.02}) == {"acrl/next_band": pytest.approx(1.6)}  # docs/methods/acrl.md
     nxt = batch_of([1, 0], [0, 0])
     algo.prepare(nxt)
     assert nxt.extras["acrl_band"].tolist() == pytest.approx([1.6, 1.6])
@@ -94,7 +94,7 @@ def test_pipo_replays_the_previous_batch_with_the_verdict_times_its_advantages()
     (replay,) = algo.replays(current)
     assert replay is previous
     xi = pipo_verdict([0.40, 0.42, 0.44, 0.46], 0.5)
-    assert xi == pytest.approx(3.13, abs=0.01)  # spec §16
+    assert xi == pytest.approx(3.13, abs=0.01)  # docs/methods/pipo.md
     assert metrics["pipo/verdict"] == pytest.approx(xi)
     assert torch.allclose(replay.advantages, xi * base_previous)
     assert state.monitor.window == pytest.approx([0.42, 0.44, 0.46, 0.5])

@@ -7,9 +7,8 @@ import pytest
 
 from conftest import make_tokenizer
 from lmrl.config import TaskConfig, build_config
-from lmrl.envs import TaskError, load_task, prompt_messages
+from lmrl.envs import TaskError, load_task, prepare_data, prompt_messages
 from lmrl.envs.single_turn import add_prompt_variants
-from lmrl.loops.setup import prepare_data
 
 SYSTEM = "be brief."
 WITH_SYSTEM = [{"role": "system", "content": "you are a calculator."},

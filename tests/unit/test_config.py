@@ -1,10 +1,10 @@
 """Config validation: unknown keys, wrong types, impossible combinations, presets, overrides."""
-from pathlib import Path
-
 import pytest
 
-from lmrl.config import RECIPES_DIR, ConfigError, build_config, load_config, parse_override
-from lmrl.loops.build import check_names
+from lmrl import cli
+from lmrl.config import ConfigError, build_config, load_config, parse_override
+from lmrl.validation import check_names
+from lmrl.presets import PRESETS, Preset
 
 
 def test_unknown_key_names_nearest():
@@ -23,15 +23,13 @@ def test_wrong_type_names_key():
 
 
 def test_unknown_registry_name_suggests():
-    cfg = load_config("quickstart", ["algo.loss=gsp"])
     with pytest.raises(ConfigError, match=r"algo.loss.*did you mean 'gspo'"):
-        check_names(cfg)
+        load_config("quickstart", ["algo.loss=gsp"])
 
 
 def test_unknown_reward_component():
-    cfg = build_config({"reward": {"components": [{"name": "answr"}], "accuracy_component": "answr"}})
     with pytest.raises(ConfigError, match=r"reward.components\[0\].name.*'answer'"):
-        check_names(cfg)
+        build_config({"reward": {"components": [{"name": "answr"}], "accuracy_component": "answr"}})
 
 
 def test_gspo_with_dual_clip_names_both_settings():
@@ -74,20 +72,38 @@ def test_override_parsing():
         parse_override("nonsense")
 
 
-@pytest.mark.parametrize("recipe", sorted(p.stem for p in Path(RECIPES_DIR).glob("*.yaml")))
-def test_every_shipped_recipe_validates(recipe):
-    cfg = load_config(recipe)
-    check_names(cfg)
-    assert cfg.description, f"recipe {recipe} needs a description"
-
-
 def test_estimator_needing_inputs_the_loop_lacks_fails_at_config_time():
-    cfg = load_config("quickstart", ["algo.advantage=rvpo"])
     with pytest.raises(ConfigError, match=r"algo.advantage=rvpo needs per-sample inputs \['components'\]"):
-        check_names(cfg)
+        load_config("quickstart", ["algo.advantage=rvpo"])
 
 
 def test_loss_params_reach_the_loss():
     cfg = load_config("quickstart", ["algo.loss=sapo", "algo.loss_params={sapo_tau_pos: 2.0}"])
     check_names(cfg)
     assert cfg.algo.loss_params == {"sapo_tau_pos": 2.0}
+
+
+def test_presets_are_a_registry_of_described_settings(capsys):
+    assert {"grpo", "dapo", "gspo", "ppo", "evpo", "resrl", "gdpo", "rvpo", "entrocraft", "eqlen", "xgrpo", "alpo",
+            "prpo", "prp", "policy_split"} <= set(PRESETS)
+    for name in PRESETS.names():
+        record = PRESETS.get(name)
+        assert isinstance(record, Preset) and record.settings and record.description == PRESETS.describe(name)
+    assert PRESETS.get("dapo").settings["algo.eps_high"] == 0.28
+    with pytest.raises(TypeError):
+        PRESETS.get("dapo").settings["algo.eps_high"] = 0.3  # read-only: a run cannot change the table
+    assert cli.main(["list", "algos"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in PRESETS.names()) and "DAPO:" in listed
+
+
+def test_preset_values_are_copied_into_the_config():
+    cfg = load_config("quickstart", ["algo.preset=entrocraft"])
+    cfg.algo.advantage_params["binary_to_signed"] = False
+    assert PRESETS.get("entrocraft").settings["algo.advantage_params"] == {"binary_to_signed": True}
+
+
+def test_inherited_tells_preset_and_default_values_from_the_users():
+    cfg = load_config("quickstart", ["algo.preset=dapo", "algo.eps_high=0.3"])
+    assert cfg.inherited("algo.eps_low") and cfg.inherited("algo.horizon")  # the preset's, a field default
+    assert not cfg.inherited("algo.eps_high") and not cfg.inherited("trainer.lr")  # override, recipe

@@ -1,5 +1,5 @@
-"""Demonstrations added to rollout groups (GFT's group member, SGT's rescue row) and their
-supervised term."""
+"""Sample sources: demonstrations added to rollout groups (GFT's group member, SGT's rescue row, PRP's
+peer rollouts), their origins, and their supervised term."""
 from __future__ import annotations
 
 import pytest
@@ -9,9 +9,10 @@ from conftest import make_tokenizer
 from lmrl.algos import Algorithm, LossInputs
 from lmrl.algos.aggregation import AggScale
 from lmrl.config import AlgoConfig, ConfigError, RewardConfig, build_config
-from lmrl.data.demonstrations import add_demonstrations, template_fields
+from lmrl.data import SAMPLE_SOURCES
+from lmrl.data.demonstrations import template_fields
 from lmrl.rewards import RewardScorer
-from lmrl.types import Group, Sample
+from lmrl.types import Group, Origin, Sample
 
 
 def group(uid: str, texts: list[str], answer: str = "7") -> Group:
@@ -26,13 +27,27 @@ def scored(groups):
     return groups, scorer
 
 
+def source(tok, scorer, **tree):
+    """The run's sample source (`data.demonstrations`) of the config `tree`."""
+    cfg = build_config(tree)
+    return SAMPLE_SOURCES.get(cfg.data.demonstrations)(cfg, tok, scorer)
+
+
+def test_no_source_adds_nothing():
+    tok = make_tokenizer()
+    groups, scorer = scored([group("a", ["Answer: 7"])])
+    assert source(tok, scorer)(groups) == (groups, {})
+
+
 def test_group_mode_adds_the_scored_demonstration_to_every_group():
     tok = make_tokenizer()
     groups, scorer = scored([group("a", ["Answer: 7", "Answer: 3"]), group("b", ["Answer: 1", "Answer: 2"])])
-    out, metrics = add_demonstrations(groups, "group", "Answer: {answer}", tok, scorer, "answer", tok.eos_token_id)
+    add = source(tok, scorer, data={"demonstrations": "group"}, task={"demonstration": "Answer: {answer}"})
+    out, metrics = add(groups)
     assert [len(g.samples) for g in out] == [3, 3] and metrics == {"data/demonstrations": 2.0}
+    assert [x.origin for x in out[0].samples] == [Origin.SAMPLED, Origin.SAMPLED, Origin.DEMONSTRATION]
     demo = out[0].samples[-1]
-    assert demo.info["demonstration"] and demo.reward == 1.0 and demo.info["text"] == "Answer: 7"
+    assert demo.in_advantage and demo.reward == 1.0 and demo.info["text"] == "Answer: 7"
     assert demo.completion_ids[-1] == tok.eos_token_id
     assert demo.completion_ids[:-1] == tok("Answer: 7", add_special_tokens=False)["input_ids"]
     assert demo.prompt_ids == [1, 2]
@@ -41,9 +56,12 @@ def test_group_mode_adds_the_scored_demonstration_to_every_group():
 def test_rescue_mode_adds_a_separate_row_only_where_nothing_succeeded():
     tok = make_tokenizer()
     groups, scorer = scored([group("a", ["Answer: 7", "Answer: 3"]), group("b", ["Answer: 1", "Answer: 2"])])
-    out, metrics = add_demonstrations(groups, "rescue", "Answer: {answer}", tok, scorer, "answer", None)
+    add = source(tok, scorer, data={"demonstrations": "rescue"}, task={"demonstration": "Answer: {answer}"})
+    out, metrics = add(groups)
     assert [g.uid for g in out] == ["a", "b", "b#demo"] and metrics == {"data/demonstrations": 1.0}
-    assert len(out[1].samples) == 2 and out[2].samples[0].info["demonstration"]
+    rescue = out[2].samples[0]
+    assert len(out[1].samples) == 2 and rescue.origin is Origin.RESCUE and not rescue.in_advantage
+    assert rescue.completion_ids[-1] == tok.eos_token_id
 
 
 def test_template_fields_and_config_checks():
@@ -86,7 +104,8 @@ def test_rescue_rows_stay_out_of_the_advantage_estimate():
 
     samples = [Sample([1], [2, 3], [-1.0, -1.0], reward=r) for r in (1.0, 0.0, 0.0, 0.0, 1.0)]
     batch = collate(samples, [0, 0, 1, 1, 2], pad_id=0)
-    batch.row_extras["demonstration"] = torch.tensor([0.0, 0.0, 0.0, 0.0, 2.0])
+    batch.row_extras["demonstration"] = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0])
+    batch.row_extras["in_advantage"] = torch.tensor([True, True, True, True, False])
     for advantage in ("grpo", "dr_grpo", "reinforce_pp_baseline", "rloo"):
         algo = Algorithm(AlgoConfig(advantage=advantage, demo_nll_coef=0.1), max_new_tokens=4)
         algo.prepare(batch)
@@ -100,17 +119,18 @@ def test_peers_mode_adds_each_peer_rollout_with_the_writers_log_prob():
     tok = make_tokenizer()
     groups, scorer = scored([group("a", ["Answer: 7", "Answer: 3"])])
     groups[0].row["peers"] = [{"text": "Answer: 7", "logprob": -4.0}, {"text": "Answer: 12", "logprob": -9.0}]
-    out, metrics = add_demonstrations(groups, "peers", "peers", tok, scorer, "answer", tok.eos_token_id)
+    add = source(tok, scorer, algo={"preset": "prp"}, task={"peer_rollouts": "peers"})
+    out, metrics = add(groups)
     assert metrics == {"data/demonstrations": 2.0} and len(out[0].samples) == 4
     peers = out[0].samples[2:]
     assert [p.reward for p in peers] == [1.0, 0.0]
-    assert [p.info["demonstration"] for p in peers] == ["peers", "peers"]
+    assert [p.origin for p in peers] == [Origin.PEER, Origin.PEER]
     assert [sum(p.behaviour_logprobs) for p in peers] == pytest.approx([-4.0, -9.0])
     assert peers[1].completion_ids == tok("Answer: 12", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     bad = group("b", ["Answer: 1"])
     bad.row["peers"] = [{"text": "Answer: 7"}]
     with pytest.raises(ValueError, match=r"peers\[0\]"):
-        add_demonstrations([bad], "peers", "peers", tok, scorer, "answer", None)
+        add([bad])
 
 
 def test_peers_mode_config_checks_name_both_settings():

@@ -1,4 +1,4 @@
-"""f-divergence estimators and closed-form optimal policies against specs/algorithms.md §3."""
+"""f-divergence estimators and closed-form optimal policies against docs/methods/f_divergence.md."""
 import math
 
 import pytest

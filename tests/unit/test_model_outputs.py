@@ -11,9 +11,10 @@ from lmrl.algos import Algorithm
 from lmrl.algos.aggregation import AggScale
 from lmrl.algos.inputs import gather
 from lmrl.algos.losses import LossInputs
-from lmrl.config import AlgoConfig, TrainerConfig
+from lmrl.config import AlgoConfig, TrainerConfig, build_config
+from lmrl.data import InputContext
 from lmrl.learners import Learner, load_checkpoint, save_checkpoint
-from lmrl.loops.sync import to_batch
+from lmrl.loops.batching import to_batch
 from lmrl.models import tiny_llama
 from lmrl.types import Group, Sample, collate
 
@@ -66,13 +67,16 @@ def test_to_batch_fills_components_in_config_order_row_fields_and_group_by():
         samples = [Sample([1, 2], [3], [-1.0], rewards=r, reward=sum(v or 0 for v in r.values())) for r in rewards]
         return Group(uid, {"table": table, "peer_rewards": peers, "perm_index": int(uid)}, samples)
 
-    groups = [group("0", "t1", [{"b": 0.5, "a": 1.0}, {"a": 0.0, "b": None}], [0.3]),
-              group("1", "t1", [{"a": 1.0, "b": 1.0}], [0.1, 0.9]),
-              group("2", "t2", [{"a": 0.0, "b": 0.0}], [])]
-    batch = to_batch(groups, 0, "a", ["a", "b"], {"peer_rewards", "perm_index"}, group_by="table")
+    groups = [group("0", "t1", [{"format": 0.5, "answer": 1.0}, {"answer": 0.0, "format": None}], [0.3]),
+              group("1", "t1", [{"answer": 1.0, "format": 1.0}], [0.1, 0.9]),
+              group("2", "t2", [{"answer": 0.0, "format": 0.0}], [])]
+    cfg = build_config({"reward": {"components": [{"name": "answer"}, {"name": "format"}]},
+                        "algo": {"group_by": "table"}})
+    batch = to_batch(InputContext(cfg, groups, frozenset({"peer_rewards", "perm_index"}), step=1), 0)
     comps = batch.row_extras["reward_components"]
     assert comps[:, 0].tolist() == [1.0, 0.0, 1.0, 0.0] and comps[0, 1] == 0.5 and math.isnan(comps[1, 1])
-    assert batch.context["reward_component_names"] == ["a", "b"]
+    assert batch.context["reward_component_names"] == ["answer", "format"]
+    assert batch.extras["acc"].tolist() == [1.0, 0.0, 1.0, 0.0] and batch.extras["group_acc"].tolist()[:2] == [0.5, 0.5]
     peers = batch.row_extras["peer_rewards"]
     assert peers.shape == (4, 2) and peers[2].tolist() == pytest.approx([0.1, 0.9]) and math.isnan(peers[0, 1])
     assert batch.row_extras["perm_index"].tolist() == [0, 0, 1, 2]
@@ -191,7 +195,7 @@ def test_drop_mode_update_is_exact_under_micro_batching():
 
 def test_pmi_is_the_log_prob_gap_between_the_prompt_with_and_without_evidence(tokenizer):
     from lmrl.envs import encode_prompt
-    from lmrl.loops.pmi import pmi
+    from lmrl.learners.pmi import pmi
 
     m = tiny_llama(vocab_size=len(tokenizer), hidden=32, layers=2, heads=4, seed=0)
     learner = Learner(m, TrainerConfig(bf16=False))
@@ -228,7 +232,7 @@ def test_optional_inputs_reach_the_estimator_p_grpo_ramp():
 
 def test_task_fields_an_estimator_reads_must_be_in_every_training_row():
     from lmrl.config import ConfigError, build_config
-    from lmrl.loops.build import check_row_fields
+    from lmrl.validation import check_row_fields
 
     cfg = build_config({"algo": {"preset": "xgrpo"}})
     check_row_fields(cfg, [{"peer_rewards": [1.0]}])

@@ -133,7 +133,7 @@ def test_scorer_with_normalize_sum_matches_the_function():
 @pytest.mark.parametrize("recipe", ["abstention", "multi_objective"])
 def test_recipes_validate_and_score(recipe):
     from lmrl.config import load_config
-    from lmrl.loops.build import check_names
+    from lmrl.validation import check_names
 
     cfg = load_config(recipe)
     check_names(cfg)

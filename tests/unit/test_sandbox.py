@@ -64,7 +64,9 @@ def test_fork_bomb_is_bounded_and_cleaned_up(audit):
     r = run(code, audit=audit, timeout_s=1.0, max_processes=8)
     forked = int(r.stdout.split()[1])
     assert r.status == "timeout" and (forked == 0 if audit else 0 < forked <= 8)
-    time.sleep(0.2)
+    deadline = time.monotonic() + 5.0  # the killed group's exit can lag on a loaded machine
+    while sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert sandbox_processes() == []
 
 

@@ -5,8 +5,7 @@ import pytest
 
 from conftest import make_tokenizer
 from lmrl.config import TaskConfig, build_config
-from lmrl.envs import TaskError, encode_rows, load_task
-from lmrl.loops.setup import prepare_data
+from lmrl.envs import TaskError, encode_rows, load_task, prepare_data
 
 
 def test_reasoning_gym_task_has_disjoint_held_out_rows():

@@ -1,7 +1,10 @@
-"""Algorithms as pure tensor functions in registries: advantages, losses, aggregation, KL, shaping."""
-from lmrl.algos import advantages_extra, losses_trust  # noqa: F401  (registration)
-from lmrl.algos import methods_control  # noqa: F401  (registration)
-from lmrl.algos import methods_group  # noqa: F401  (registration)
+"""Algorithms as pure tensor functions in registries: advantages, losses, aggregation, KL.
+
+Importing the package registers every method: each module below adds its estimators or losses,
+with their declarations, to `ADVANTAGES` / `LOSSES` (docs/methods/README.md lists them).
+"""
+from lmrl.algos import controllers, credit_assignment, critic, entropy_control  # noqa: F401  (registration)
+from lmrl.algos import multi_reward, rollout_correction, soft_clipping  # noqa: F401  (registration)
 from lmrl.algos.advantages import ADVANTAGES
 from lmrl.algos.aggregation import AGGREGATIONS, AggScale
 from lmrl.algos.algorithm import Algorithm

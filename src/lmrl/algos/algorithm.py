@@ -3,8 +3,9 @@
 It turns a rollout batch into per-token advantages (`prepare`) and defines the objective the
 learner minimises (`objective`). The learner only sees these methods and what the algorithm
 declares it needs (`prepare_outputs`: model outputs before `prepare`; `needs`: model outputs in the
-training forward; `critic`: a value head), never the names. Methods with state between steps
-(`algos/state.py`) are driven through `after_update` and `replays`.
+training forward; `critic`: a value head), never the names. What the configured estimator and loss
+need and guarantee is read from their declarations (`ADVANTAGES.spec`, `LOSSES.spec`). Methods with
+state between steps (`algos/state.py`) are driven through `after_update` and `replays`.
 """
 from __future__ import annotations
 
@@ -12,17 +13,16 @@ from dataclasses import dataclass
 
 import torch
 
-from lmrl.algos import loss_masks  # noqa: F401  (attaches token masks to the rejection losses)
 from lmrl.algos.advantages import ADVANTAGES, outcome_to_token_rewards
-from lmrl.algos.advantages_extra import cost_aware_weights
 from lmrl.algos.aggregation import AGGREGATIONS, AggScale, token_mean
-from lmrl.algos.inputs import gather, model_outputs_for, optional_inputs, requirements
+from lmrl.algos.cost_aware import cost_aware_weights
+from lmrl.algos.critic import clipped_value_loss, explained_variance
+from lmrl.algos.inputs import gather, model_outputs_for, optional_inputs
 from lmrl.algos.kl import KL_ESTIMATORS, k1
 from lmrl.algos.losses import LOSSES, LossInputs
-from lmrl.algos.methods_critic import clipped_value_loss, explained_variance
-from lmrl.algos.shaping import overlong_penalty
 from lmrl.algos.state import build_state
 from lmrl.config import AlgoConfig
+from lmrl.stats import overlong_penalty
 from lmrl.types import Batch
 
 
@@ -33,19 +33,20 @@ class Algorithm:
 
     def __post_init__(self):
         self.advantage_fn = ADVANTAGES.get(self.cfg.advantage)
+        self.advantage_spec = ADVANTAGES.spec(self.cfg.advantage)
         self.loss_fn = LOSSES.get(self.cfg.loss)
+        self.loss_spec = LOSSES.spec(self.cfg.loss)
         self.aggregate = AGGREGATIONS.get(self.cfg.aggregation)
         self.kl_fn = KL_ESTIMATORS.get(self.cfg.kl_estimator)
-        token_mask = getattr(self.loss_fn, "token_mask", None)
-        self.token_mask_fn = token_mask if self.cfg.rejected_tokens == "drop" else None
-        advantage_state, self.advantage_knobs = build_state(self.advantage_fn, self.cfg.advantage_params)
-        loss_state, self.loss_knobs = build_state(self.loss_fn, self.cfg.loss_params)
+        self.token_mask_fn = self.loss_spec.token_mask if self.cfg.rejected_tokens == "drop" else None
+        advantage_state, self.advantage_knobs = build_state(self.advantage_spec, self.cfg.advantage_params)
+        loss_state, self.loss_knobs = build_state(self.loss_spec, self.cfg.loss_params)
         self.states = {name: st for name, st in (("advantage", advantage_state), ("loss", loss_state)) if st is not None}
 
     @property
     def requires(self) -> set[str]:
         """Per-sample inputs the estimator and the loss declare (see `algos/inputs.py`)."""
-        return requirements(self.advantage_fn) | requirements(self.loss_fn)
+        return set(self.advantage_spec.requires | self.loss_spec.requires)
 
     @property
     def critic(self) -> bool:
@@ -55,17 +56,17 @@ class Algorithm:
     @property
     def prepare_outputs(self) -> set[str]:
         """Model outputs the learner computes, without gradient, before `prepare`."""
-        return model_outputs_for(requirements(self.advantage_fn))
+        return model_outputs_for(self.advantage_spec.requires)
 
     @property
     def needs(self) -> set[str]:
         """Model outputs the learner adds to `LossInputs.extras` in the training forward."""
-        return ({"values"} if self.critic else set()) | (requirements(self.loss_fn) & {"values", "hidden"})
+        return ({"values"} if self.critic else set()) | (self.loss_spec.requires & {"values", "hidden"})
 
     @property
     def hidden_layer(self) -> int:
         """Which hidden states "hidden" means (index into the decoder's hidden states; -1: the last)."""
-        return getattr(self.advantage_fn, "hidden_layer", -1)
+        return self.advantage_spec.hidden_layer
 
     @property
     def needs_old_logp(self) -> bool:
@@ -79,7 +80,7 @@ class Algorithm:
     @property
     def needs_entropy_grad(self) -> bool:
         """Exact per-token entropy is computed when the bonus or the loss itself uses it."""
-        return self.cfg.entropy_coef != 0 or getattr(self.loss_fn, "needs_entropy", False)
+        return self.cfg.entropy_coef != 0 or self.loss_spec.needs_entropy
 
     def inert_rows(self, batch: Batch) -> torch.Tensor:
         """[B] bool: rows whose loss and gradient are exactly zero, so the learner may skip them.
@@ -95,7 +96,7 @@ class Algorithm:
 
     def _inert_by_advantage(self, batch: Batch) -> torch.Tensor:
         rows = batch.completion_mask.shape[0]
-        if (not getattr(self.loss_fn, "zero_at_zero_advantage", False) or self.cfg.entropy_coef != 0
+        if (not self.loss_spec.zero_at_zero_advantage or self.cfg.entropy_coef != 0
                 or (self.cfg.kl_coef > 0 and not self.cfg.kl_in_reward) or batch.advantages is None or self.critic):
             return torch.zeros(rows, dtype=torch.bool)
         return ((batch.advantages != 0) & (batch.completion_mask > 0)).sum(1) == 0
@@ -157,11 +158,12 @@ class Algorithm:
                 mine.load_state_dict(saved["state"])
 
     def _prepare(self, batch: Batch) -> dict[str, float]:
-        """Advantages of the batch; rescue demonstrations (code 2) are left out of the estimate, A = 0."""
-        codes = batch.row_extras.get("demonstration")
-        if codes is None or not bool((codes == 2).any()):
+        """Advantages of the batch; rows outside the estimate (`row_extras["in_advantage"]` False, e.g.
+        rescue demonstrations) are left out of it and get A = 0."""
+        in_advantage = batch.row_extras.get("in_advantage")
+        if in_advantage is None or bool(in_advantage.all()):
             return self._estimate(batch)
-        sampled = (codes != 2).nonzero().flatten().tolist()
+        sampled = in_advantage.nonzero().flatten().tolist()
         part = batch.select(sampled)
         metrics = self._estimate(part)
         batch.advantages = torch.zeros_like(batch.completion_mask)
@@ -185,7 +187,7 @@ class Algorithm:
             token_rewards = token_rewards - self.cfg.kl_coef * kl
             metrics["kl_in_reward"] = float(kl.sum() / mask.sum().clamp(min=1))
         knobs = self.advantage_knobs
-        required = requirements(self.advantage_fn)
+        required = self.advantage_spec.requires
         inputs = {**optional_inputs(self.advantage_fn, required, batch, knobs), **gather(required, batch, knobs)}
         batch.advantages = self.advantage_fn(token_rewards, batch.group_index, mask, **inputs, **knobs)
         if self.critic:
@@ -203,7 +205,7 @@ class Algorithm:
         """Value targets of a critic-based estimator; the prepare-time values become `old_values`."""
         values = batch.extras.pop("values")
         mask = batch.completion_mask
-        returns = self.advantage_fn.value_targets(token_rewards, values, mask, **self.advantage_knobs)
+        returns = self.advantage_spec.value_targets(token_rewards, values, mask, **self.advantage_knobs)
         batch.extras.update(old_values=values, returns=returns)
         valid = mask > 0
         return {"critic/explained_variance": explained_variance(returns, values, mask),

@@ -32,7 +32,16 @@ class LossSpec:
     needs_entropy: bool = False  # the learner computes exact token entropies with their gradient
     sequence_ratio: bool = False  # one importance ratio per sequence: dual-clip and token-ratio bounds do not apply
     sequence_is: bool = False  # weighs rows by pi_old(y)/pi_rollout(y): other policies' samples can be used
+    sequence_is_when: Callable[[dict[str, Any]], bool] | None = None  # knobs under which sequence_is holds
     default_aggregation: str | None = None  # the aggregation the method is defined with
 
     def __post_init__(self):
         object.__setattr__(self, "requires", frozenset(self.requires))
+
+    def weighs_sequences(self, knobs: dict[str, Any]) -> bool:
+        """Whether, with these `algo.loss_params`, rows are weighed by the sequence ratio pi_old(y)/pi_rollout(y).
+
+        Only such a loss can train on completions another policy wrote with another tokenizer
+        (`data.demonstrations: peers`, docs/methods/demonstrations.md), where token ratios do not exist.
+        """
+        return self.sequence_is and (self.sequence_is_when is None or self.sequence_is_when(knobs))

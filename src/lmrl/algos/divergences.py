@@ -1,4 +1,4 @@
-"""f-divergence regularisers D_f(π‖π_ref) and their closed-form optimal policies (specs/algorithms.md §3).
+"""f-divergence regularisers D_f(π‖π_ref) and their closed-form optimal policies (docs/methods/f_divergence.md).
 
 f-divergence-regularised RLHF (arXiv 2605.06977, ICML 2026) — confidence medium for the objective
 and the closed form; the paper's exploration rules (optimism, derivative-as-uncertainty) are not
@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from lmrl.algos.kl import KL_ESTIMATORS
 from lmrl.registry import Registry
 
 
@@ -97,13 +98,7 @@ def _as_regulariser(name: str):
     return regulariser
 
 
-def _register_regularisers() -> None:
-    from lmrl.algos.kl import KL_ESTIMATORS
-
-    for name in DIVERGENCES.names():
-        KL_ESTIMATORS.register(f"f_{name}", f"f-divergence regulariser D_f(π‖π_ref), f = {name}, "
-                                            "low-variance estimate with the score-function gradient term")(
-            _as_regulariser(name))
-
-
-_register_regularisers()
+for _name in DIVERGENCES.names():
+    KL_ESTIMATORS.register(f"f_{_name}", f"f-divergence regulariser D_f(π‖π_ref), f = {_name}, "
+                                         "low-variance estimate with the score-function gradient term")(
+        _as_regulariser(_name))

@@ -1,18 +1,20 @@
 """Per-sample inputs of estimators and losses: the names, where each one lives in a Batch, the lookup.
 
-An estimator or loss declares the inputs it needs beyond rewards, groups and masks in a `.requires`
-set of names. The training loop fills them into the Batch (`extras`, `row_extras`, `context`), the
-learner computes the model outputs among them in a no-grad pass before `Algorithm.prepare`, and
-`gather` hands them to the function as keyword arguments. A name the batch lacks raises a
-ValueError naming it.
+An estimator or loss declares the inputs it needs beyond rewards, groups and masks at registration
+(`requires=...`, read back as `ADVANTAGES.spec(name).requires`). The training loop fills them into
+the Batch (`extras`, `row_extras`, `context`), the learner computes the model outputs among them in
+a no-grad pass before `Algorithm.prepare`, and `gather` hands them to the function as keyword
+arguments. A name the batch lacks raises a ValueError naming it (docs/methods/inputs.md).
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Iterable
 
 import torch
 
-from lmrl.algos.advantages_extra import modality_mask
+from lmrl.algos.multi_reward import modality_mask
+from lmrl.stats import masked_mean
 
 # Computed by the learner in the packed forward: value-head outputs [B,T], hidden states of the
 # generated positions [B,T,H], exact per-token entropies [B,T].
@@ -23,11 +25,6 @@ ROW_FIELD_INPUTS = frozenset({"peer_rewards", "perm_index", "prompt_variant"})
 INPUT_KNOBS = frozenset({"acoustic_component", "speech_id_range", "pmi_field"})
 # Keyword names of the estimators that differ from the loop's input names.
 ALIASES = {"components": "reward_components"}
-
-
-def requirements(fn) -> set[str]:
-    """The input names a registered function declares (empty when it declares none)."""
-    return set(getattr(fn, "requires", ()))
 
 
 def canonical(names: Iterable[str]) -> set[str]:
@@ -42,10 +39,6 @@ def model_outputs_for(names: Iterable[str]) -> set[str]:
     if "entropy" in names:
         out.add("token_entropy")
     return out
-
-
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((x * mask).sum() / mask.sum().clamp(min=1))
 
 
 def _component(batch, name: str) -> torch.Tensor | None:
@@ -68,7 +61,7 @@ def lookup(name: str, batch, knobs: dict[str, Any]) -> Any:
         if key in store:
             return store[key]
     if name == "entropy" and "token_entropy" in batch.extras:
-        return _masked_mean(batch.extras["token_entropy"], batch.completion_mask)
+        return masked_mean(batch.extras["token_entropy"], batch.completion_mask)
     if name == "acoustic_rewards":
         return _component(batch, knobs.get("acoustic_component", "acoustic"))
     if name == "speech_mask" and "speech_id_range" in knobs:
@@ -79,8 +72,6 @@ def lookup(name: str, batch, knobs: dict[str, Any]) -> Any:
 def optional_inputs(fn, required: Iterable[str], batch, knobs: dict[str, Any]) -> dict[str, Any]:
     """Keyword parameters of `fn` (after the three positional ones) that the batch carries and that
     neither `required` nor the knobs set (e.g. P-GRPO's `step` for its ramp)."""
-    import inspect
-
     params = list(inspect.signature(fn).parameters.values())[3:]
     found = {}
     for p in params:

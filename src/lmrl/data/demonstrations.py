@@ -1,22 +1,24 @@
-"""Demonstrations: reference completions from the task data added to the rollout groups.
+"""Sample sources: completions the engine did not sample, added to the kept groups (`data.demonstrations`).
 
 `task.demonstration` is a template over the task row's fields (e.g. "{solution}", or
-"Answer: {answer}"); its text, tokenised once and ended with EOS, becomes a Sample that was not
-sampled by the engine (its behaviour log-probs are the current policy's, filled by the loop before
-the update, so its importance ratio starts at 1). It is scored by the run's reward like any sample
-and flagged `info["demonstration"]`. Two ways to use it (`data.demonstrations`):
+"Answer: {answer}"); its text, tokenised once and ended with EOS, becomes a Sample whose origin
+says it was not sampled by the engine: its behaviour log-probs are the current policy's, filled
+before the update, so its importance ratio starts at 1. It is scored by the run's reward like any
+sample. The sources registered in `SAMPLE_SOURCES`:
 
-- `group`: every kept group gets the demonstration as one more member, so group-relative
-  advantages compare the samples against it (GFT's group of the demonstration and model samples);
-- `rescue`: a group in which no sample succeeded gets it as a separate row, left out of the
-  advantage estimation (advantage 0, never pooled by `algo.group_by`) and trained only by the
-  supervised term `algo.demo_nll_coef` (Mutual RL's SGT rescue set, with the reference solution
+- `group`: every kept group gets the demonstration as one more member (`Origin.DEMONSTRATION`), so
+  group-relative advantages compare the samples against it (GFT's group of the demonstration and
+  model samples);
+- `rescue`: a group in which no sample succeeded gets it as a separate row (`Origin.RESCUE`), left
+  out of the advantage estimation (advantage 0, never pooled by `algo.group_by`) and trained only by
+  the supervised term `algo.demo_nll_coef` (Mutual RL's SGT rescue set, with the reference solution
   standing in for a peer's success);
-- `peers`: every group gets the completions another policy wrote for the prompt, from the row field
-  `task.peer_rollouts` (a list of {"text": ..., "logprob": the writer's log-probability of it}),
-  as more members (Mutual RL's PRP). Their behaviour log-prob is the writer's: its total is spread
-  evenly over the tokens here, so a sequence-level rollout correction (`ppo_clip_tis_seq`) weighs
-  each by π_self(y)/π_peer(y), truncated; per-token ratios do not exist across tokenizers.
+- `peers`: every group gets the completions another policy wrote for the prompt (`Origin.PEER`),
+  from the row field `task.peer_rollouts` (a list of {"text": ..., "logprob": the writer's
+  log-probability of it}), as more members (Mutual RL's PRP). Their behaviour log-prob is the
+  writer's: its total is spread evenly over the tokens here, so a sequence-level rollout correction
+  (`ppo_clip_tis_seq`) weighs each by π_self(y)/π_peer(y), truncated; per-token ratios do not exist
+  across tokenizers.
 
 Demonstrations are scored alone, so the run's reward must be per sample (no group components, and
 a per-sample aggregation); the config check says so.
@@ -26,14 +28,17 @@ The text is data, not a rollout: tokenising it is the same as tokenising a promp
 from __future__ import annotations
 
 import string
+from functools import partial
+from typing import Callable
 
-from lmrl.types import Group, Sample
+from lmrl.registry import Registry
+from lmrl.types import Group, Origin, Sample
 
+# A source is built from (cfg, tokenizer, scorer) and maps the kept groups to (groups, metrics).
+SAMPLE_SOURCES: Registry = Registry("sample source")
 
-# `Batch.row_extras["demonstration"]` values: 0 sampled row, 1 group member (`group`), 2 rescue row,
-# 3 another policy's rollout (`peers`, its behaviour log-probs come with it)
-DEMO_CODES = {"group": 1.0, "rescue": 2.0, "peers": 3.0}
-ON_POLICY_CODES = (1.0, 2.0)  # the loop fills these rows' behaviour log-probs with the current policy's
+Source = Callable[[list[Group]], tuple[list[Group], dict[str, float]]]
+MakeSamples = Callable[[dict], list[Sample]]
 
 
 def template_fields(template: str) -> set[str]:
@@ -47,11 +52,12 @@ def completion_ids(tokenizer, text: str, eos_id: int | None) -> list[int]:
     return ids + [eos_id] if eos_id is not None else ids
 
 
-def demonstration_sample(tokenizer, row: dict, template: str, eos_id: int | None, mode: str = "group") -> Sample:
+def demonstration_sample(tokenizer, row: dict, template: str, eos_id: int | None,
+                         origin: Origin = Origin.DEMONSTRATION) -> Sample:
     text = template.format(**row)
     ids = completion_ids(tokenizer, text, eos_id)
     return Sample(prompt_ids=list(row["prompt_ids"]), completion_ids=ids, behaviour_logprobs=[0.0] * len(ids),
-                  info={"text": text, "row": row, "demonstration": mode})
+                  info={"text": text, "row": row}, origin=origin)
 
 
 def peer_samples(tokenizer, row: dict, field: str, eos_id: int | None) -> list[Sample]:
@@ -63,8 +69,9 @@ def peer_samples(tokenizer, row: dict, field: str, eos_id: int | None) -> list[S
                              f"got {peer!r}")
         ids = completion_ids(tokenizer, peer["text"], eos_id)
         per_token = float(peer["logprob"]) / len(ids)
-        out.append(Sample(prompt_ids=list(row["prompt_ids"]), completion_ids=ids, behaviour_logprobs=[per_token] * len(ids),
-                          info={"text": peer["text"], "row": row, "demonstration": "peers"}))
+        out.append(Sample(prompt_ids=list(row["prompt_ids"]), completion_ids=ids,
+                          behaviour_logprobs=[per_token] * len(ids), info={"text": peer["text"], "row": row},
+                          origin=Origin.PEER))
     return out
 
 
@@ -72,23 +79,65 @@ def succeeded(group: Group, accuracy_component: str) -> bool:
     return any(x.excluded is None and (x.rewards.get(accuracy_component) or 0.0) >= 1.0 for x in group.samples)
 
 
-def add_demonstrations(groups: list[Group], mode: str, source: str, tokenizer, scorer, accuracy_component: str,
-                       eos_id: int | None) -> tuple[list[Group], dict[str, float]]:
-    """The groups with demonstrations added (see the module docstring) and how many were added.
+def scored_extra(group: Group, make: MakeSamples, scorer) -> Group:
+    """`make(row)`'s samples for the group's prompt, scored alone as a group of their own."""
+    extra = Group(uid=f"{group.uid}#demo", row=group.row, samples=make(group.row))
+    scorer.score([extra])
+    return extra
 
-    `source` is the template (`group`, `rescue`) or the row field of the peer rollouts (`peers`)."""
+
+def as_members(groups: list[Group], make: MakeSamples, scorer) -> tuple[list[Group], dict[str, float]]:
+    """Every group with `make(row)`'s samples as more members."""
     out, added = [], 0
     for group in groups:
-        if mode == "rescue" and succeeded(group, accuracy_component):
-            out.append(group)
-            continue
-        extra = (peer_samples(tokenizer, group.row, source, eos_id) if mode == "peers"
-                 else [demonstration_sample(tokenizer, group.row, source, eos_id, mode)])
-        demo = Group(uid=f"{group.uid}#demo", row=group.row, samples=extra)
-        scorer.score([demo])
-        added += len(extra)
-        if mode in ("group", "peers"):
-            out.append(Group(uid=group.uid, row=group.row, samples=group.samples + demo.samples))
-        else:
-            out += [group, demo]
+        extra = scored_extra(group, make, scorer)
+        added += len(extra.samples)
+        out.append(Group(uid=group.uid, row=group.row, samples=group.samples + extra.samples))
     return out, {"data/demonstrations": float(added)}
+
+
+def where_failed(groups: list[Group], make: MakeSamples, scorer,
+                 accuracy_component: str) -> tuple[list[Group], dict[str, float]]:
+    """Every group in which no sample succeeded followed by a group of `make(row)`'s samples."""
+    out, added = [], 0
+    for group in groups:
+        out.append(group)
+        if not succeeded(group, accuracy_component):
+            extra = scored_extra(group, make, scorer)
+            added += len(extra.samples)
+            out.append(extra)
+    return out, {"data/demonstrations": float(added)}
+
+
+def sample_source(cfg, tokenizer, scorer) -> Source:
+    """The run's sample source, chosen by `data.demonstrations`."""
+    return SAMPLE_SOURCES.get(cfg.data.demonstrations)(cfg, tokenizer, scorer)
+
+
+def _demonstration(cfg, tokenizer, origin: Origin) -> MakeSamples:
+    one = partial(demonstration_sample, tokenizer, template=cfg.task.demonstration, eos_id=tokenizer.eos_token_id,
+                  origin=origin)
+    return lambda row: [one(row)]
+
+
+@SAMPLE_SOURCES.register("none", "the rollouts only")
+def rollouts_only(cfg, tokenizer, scorer) -> Source:
+    return lambda groups: (groups, {})
+
+
+@SAMPLE_SOURCES.register("group", "task.demonstration joins every kept group as one more member (GFT)")
+def demonstration_members(cfg, tokenizer, scorer) -> Source:
+    return partial(as_members, make=_demonstration(cfg, tokenizer, Origin.DEMONSTRATION), scorer=scorer)
+
+
+@SAMPLE_SOURCES.register("rescue", "task.demonstration as a row of its own for each group where nothing succeeded, "
+                         "outside the advantage estimate (SGT)")
+def rescue_rows(cfg, tokenizer, scorer) -> Source:
+    return partial(where_failed, make=_demonstration(cfg, tokenizer, Origin.RESCUE), scorer=scorer,
+                   accuracy_component=cfg.reward.accuracy_component)
+
+
+@SAMPLE_SOURCES.register("peers", "the completions of another policy in task.peer_rollouts join each group (PRP)")
+def peer_members(cfg, tokenizer, scorer) -> Source:
+    make = partial(peer_samples, tokenizer, field=cfg.task.peer_rollouts, eos_id=tokenizer.eos_token_id)
+    return partial(as_members, make=make, scorer=scorer)

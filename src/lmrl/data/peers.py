@@ -27,8 +27,8 @@ def peer_rows(recipe: str, overrides: list[str], model: str, samples: int, rows:
     import torch
 
     from lmrl.config import load_config
-    from lmrl.envs.single_turn import rollout
-    from lmrl.loops.setup import build_engine, prepare_data, sampling_params
+    from lmrl.engines import build_engine, sampling_params
+    from lmrl.envs import prepare_data, rollout
     from lmrl.models import load_model, load_tokenizer, resolve_model_path
 
     cfg = load_config(recipe, [*overrides, f"model.path={model}"])

@@ -1,4 +1,5 @@
-"""Prompt samplers (`next_prompts(n)`, `observe(stats)`) and group filters (DAPO dynamic sampling)."""
+"""Prompt samplers (`next_prompts(n)`, `state_dict()`, `load_state_dict(state)`) and group filters
+(DAPO dynamic sampling)."""
 from __future__ import annotations
 
 import random
@@ -35,9 +36,6 @@ class UniformSampler:
             out.append(self.rows[self.order[self.position]])
             self.position += 1
         return out
-
-    def observe(self, stats: dict[str, Any]) -> None:
-        """Uniform sampling ignores feedback."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self.rng.getstate(), "order": self.order, "position": self.position, "epoch": self.epoch}

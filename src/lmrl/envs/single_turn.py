@@ -44,9 +44,29 @@ def encode_rows(tokenizer, rows: list[dict[str, Any]], system_prompt: str | None
     return kept, dropped
 
 
-def with_variants(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each row followed by its prompt variants (`add_prompt_variants`), in that order."""
+def expand_prompts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows to roll out for sampled prompts: each row followed by its prompt variants
+    (`add_prompt_variants`), in that order."""
     return [v for r in rows for v in (r, *r.get("variants", ()))]
+
+
+def prompt_families(rows: list[dict[str, Any]], groups: list) -> list[list]:
+    """The groups of `expand_prompts(rows)`'s rollout, one list per prompt (itself, then its variants)."""
+    out, start = [], 0
+    for row in rows:
+        size = 1 + len(row.get("variants", ()))
+        out.append(groups[start: start + size])
+        start += size
+    return out
+
+
+def pooled(groups: list):
+    """One prompt's groups (itself and its variants) as a single group, for the group filter."""
+    from lmrl.types import Group
+
+    if len(groups) == 1:
+        return groups[0]
+    return Group(uid=groups[0].uid, row=groups[0].row, samples=[x for g in groups for x in g.samples])
 
 
 def add_prompt_variants(tokenizer, rows: list[dict[str, Any]], instructions: list[str],
@@ -56,7 +76,7 @@ def add_prompt_variants(tokenizer, rows: list[dict[str, Any]], instructions: lis
     For a chat row the instruction is appended to its last user message, which the question mirrors.
 
     Every row gets `prompt_variant` 0 and `variant_of` = its uid; its `variants` are full rows
-    (`prompt_variant` i = 1, 2, …, their own `prompt_ids`) that `with_variants` expands at rollout.
+    (`prompt_variant` i = 1, 2, …, their own `prompt_ids`) that `expand_prompts` expands at rollout.
     """
     out = []
     for row in rows:

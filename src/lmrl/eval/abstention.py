@@ -123,10 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from lmrl.config import load_config
-    from lmrl.engines.base import SamplingParams
-    from lmrl.envs.single_turn import rollout
+    from lmrl.engines import SamplingParams, build_engine
+    from lmrl.envs import prepare_data, rollout
     from lmrl.eval.evaluator import evaluate
-    from lmrl.loops.setup import build_stages
+    from lmrl.models import load_model, load_tokenizer, resolve_model_path
+    from lmrl.rewards import RewardScorer
 
     p = argparse.ArgumentParser(prog="python -m lmrl.eval.abstention", description=main.__doc__)
     p.add_argument("recipe", nargs="?")
@@ -148,9 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     params = _abstention_params(cfg)
     lam = args.lam if args.lam is not None else float(params.get("lam", 1.0))
     params = {k: v for k, v in params.items() if k in DETECTOR_KEYS}
-    s = build_stages(cfg)
-    metrics, groups = evaluate(s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval, cfg.rollout.max_new_tokens,
-                               cfg.reward.accuracy_component, seed=cfg.trainer.seed)
+    path = resolve_model_path(cfg.model.path)
+    tokenizer = load_tokenizer(path)
+    _, eval_rows, _ = prepare_data(cfg, tokenizer)
+    engine = build_engine(cfg, load_model(path), tokenizer)
+    metrics, groups = evaluate(engine, tokenizer, eval_rows, RewardScorer(cfg.reward), cfg.eval,
+                               cfg.rollout.max_new_tokens, cfg.reward.accuracy_component, seed=cfg.trainer.seed)
     metrics.update(abstention_eval_metrics(groups, lam, **params))
     if args.replies:
         with open(args.replies, "w") as f:
@@ -161,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         gen = torch.Generator().manual_seed(cfg.trainer.seed)
 
         def draw(rows: list[dict]) -> list:
-            return [g.samples[0] for g in rollout(s.engine, s.tokenizer, rows, 1, sampling, gen)]
+            return [g.samples[0] for g in rollout(engine, tokenizer, rows, 1, sampling, gen)]
 
         finals, queries = batched_self_cascade(groups, draw, args.self_cascade, **params)
         final_groups = [Group(g.uid, g.row, [x]) for g, x in zip(groups, finals)]

@@ -1,7 +1,7 @@
 """Evaluation metrics: pass@k, avg@k, distinct-n, ECE, abstention metrics and Holm correction.
 
 Pure functions over plain Python / numpy values so the evaluator, the training loop and tests can
-share one definition of each number (formulas from specs/rewards_data_systems.md §4).
+share one definition of each number (formulas on the pages of docs/rewards/ and in docs/methods/).
 """
 from __future__ import annotations
 

@@ -1,23 +1,40 @@
-"""Input providers: where each per-sample input an algorithm declares comes from.
+"""How the loop gets the per-sample inputs an algorithm declares: it asks the input providers.
 
-An estimator or loss declares the inputs it needs (`requires` in its registry declaration); a
-provider, registered under the input's name, says what it needs to produce it (the learner, the
-tokenizer, the task rows, …) and fills it into the batch. The loop asks the providers for what the
-algorithm declares and names no method (docs/architecture.md).
+The providers and their registry are in `lmrl.data.inputs` (those that run the model in
+`lmrl.learners.inputs`). The loop requests what the algorithm declares (`requested_inputs`) and runs
+every provider that fills one of those names, or fills every batch (`always`): the providers that
+need no learner when the batch is assembled, the others just before `Algorithm.prepare`. Config
+validation checks a method's declared inputs against `provided_inputs()`. docs/architecture.md.
 """
 from __future__ import annotations
 
-from lmrl.algos.inputs import ALIASES, MODEL_OUTPUTS, ROW_FIELD_INPUTS
-from lmrl.registry import Registry
-
-PROVIDERS: Registry = Registry("input provider")
-
-# The inputs the loop provides today; replaced by the names of the registered providers.
-_PROVIDED = ({"acc", "group_acc", "rollout_logp", "ref_logp", "old_logp", "reward_components", "step",
-              "total_steps", "entropy", "acoustic_rewards", "speech_mask", "pmi"}
-             | set(ALIASES) | MODEL_OUTPUTS | ROW_FIELD_INPUTS)
+import lmrl.learners.inputs  # noqa: F401  (registers the providers that run the model)
+from lmrl.algos.inputs import ALIASES, canonical
+from lmrl.data.inputs import PROVIDERS, InputContext
+from lmrl.types import Batch
 
 
 def provided_inputs() -> set[str]:
-    """Every per-sample input name some provider can fill."""
-    return set(_PROVIDED) | set(PROVIDERS.names())
+    """Every per-sample input name some provider can fill (with the estimators' aliases of them)."""
+    names = {name for spec in PROVIDERS.specs().values() for name in spec.provides}
+    return names | {alias for alias, target in ALIASES.items() if target in names}
+
+
+def requested_inputs(algorithm) -> frozenset[str]:
+    """The inputs the algorithm declares: its estimator's and loss's, the reference policy's log-probs
+    when it needs them, and the model outputs it reads before `prepare`."""
+    reference = {"ref_logp"} if algorithm.needs_reference else set()
+    return frozenset(canonical(algorithm.requires) | reference | algorithm.prepare_outputs)
+
+
+def provide(batch: Batch, ctx: InputContext, with_learner: bool) -> None:
+    """Run, in registration order, the providers of the requested inputs and those that always fill:
+    with `with_learner`, the ones that need the learner, otherwise the others."""
+    for name in PROVIDERS.in_order():
+        spec = PROVIDERS.spec(name)
+        if ("learner" in spec.needs) != with_learner or not (spec.always or spec.provides & ctx.requested):
+            continue
+        missing = sorted(n for n in spec.needs if getattr(ctx, n) is None)
+        if missing:
+            raise ValueError(f"input provider {name!r} needs {missing}, which the loop did not give it")
+        PROVIDERS.get(name)(batch, ctx)

@@ -1,7 +1,8 @@
-"""The synchronous training loop: sample prompts, roll out, score, filter, update, checkpoint.
+"""The synchronous training loop: collect (sample prompts, roll out, score, filter, add samples), batch,
+provide inputs, prepare, update, checkpoint.
 
 Read top to bottom, this file is the algorithm-agnostic RL loop; every choice it makes comes
-from a registry through `Stages`.
+from a registry through `Stages`, and every per-sample input from the providers (docs/architecture.md).
 """
 from __future__ import annotations
 
@@ -9,24 +10,21 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from lmrl.algos.inputs import ROW_FIELD_INPUTS, canonical
 from lmrl.config import Config, ConfigError, check_resume_config, load_run_config
-from lmrl.data.demonstrations import DEMO_CODES, ON_POLICY_CODES, add_demonstrations
-from lmrl.envs import rollout
-from lmrl.envs.single_turn import with_variants
+from lmrl.data import InputContext
+from lmrl.envs import expand_prompts, pooled, prompt_families, rollout
 from lmrl.eval.evaluator import evaluate
 from lmrl.learners.checkpoint import (clean_partial, latest_checkpoint, load_checkpoint, restore_rng, rng_state,
                                      save_checkpoint)
-from lmrl.loops.pmi import pmi, pmi_field
-from lmrl.models.threads import apply_threads
-from lmrl.rewards.gaming import gaming_metrics
+from lmrl.loops.batching import to_batch
 from lmrl.loops.progress import StepProgress
+from lmrl.loops.providers import provide, requested_inputs
 from lmrl.loops.run_dir import RunDir
 from lmrl.loops.setup import Stages, build_stages
 from lmrl.loops.trackers import Trackers
-from lmrl.types import Group, collate
+from lmrl.models.threads import apply_threads
+from lmrl.rewards.gaming import gaming_metrics
+from lmrl.types import Group
 
 
 @dataclass
@@ -39,43 +37,31 @@ class RunResult:
 
 
 def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float]]:
-    """Roll out until enough prompts pass the group filter (or the generation budget runs out).
+    """Roll out until enough prompts pass the group filter (or the generation budget runs out), then
+    add the samples of the run's sample source to the kept groups.
 
-    Returns every group generated (for metrics), the kept groups (for the update) and metrics. With
-    `task.prompt_variants`, a prompt brings one group per variant; the filter judges and keeps or
-    drops a prompt's groups together, on their pooled samples.
+    Returns every group generated (for metrics), the kept groups (for the update) and metrics. A
+    prompt may bring several groups (`envs.expand_prompts`); the filter judges and keeps or drops a
+    prompt's groups together, on their pooled samples.
     """
     prompts, n = s.cfg.rollout.prompts_per_step, s.cfg.rollout.group_size
-    family = 1 + len(s.cfg.task.prompt_variants)
     kept: list[list[Group]] = []
     seen: list[Group] = []
     metrics: dict[str, float] = {}
     batches = 0
     while len(kept) < prompts and (s.cfg.data.max_gen_batches == 0 or batches < s.cfg.data.max_gen_batches):
-        groups = rollout(s.engine, s.tokenizer, with_variants(s.sampler.next_prompts(prompts)), n, s.params,
-                         s.generator)
+        rows = s.sampler.next_prompts(prompts)
+        groups = rollout(s.engine, s.tokenizer, expand_prompts(rows), n, s.params, s.generator)
         for k, v in s.scorer.score(groups).items():
             metrics[k] = metrics.get(k, 0.0) + v
         seen += groups
-        families = [groups[i: i + family] for i in range(0, len(groups), family)]
-        kept += [f for f in families if s.keep_group(pooled(f))]
+        kept += [f for f in prompt_families(rows, groups) if s.keep_group(pooled(f))]
         batches += 1
     metrics = {k: v / batches for k, v in metrics.items()}
     metrics.update({"data/gen_batches": float(batches), "data/kept_groups": float(min(len(kept), prompts))})
-    chosen = [g for f in kept[:prompts] for g in f]
-    if s.cfg.data.demonstrations != "none":
-        source = s.cfg.task.peer_rollouts if s.cfg.data.demonstrations == "peers" else s.cfg.task.demonstration
-        chosen, added = add_demonstrations(chosen, s.cfg.data.demonstrations, source, s.tokenizer,
-                                           s.scorer, s.cfg.reward.accuracy_component, s.tokenizer.eos_token_id)
-        metrics.update(added)
+    chosen, added = s.add_samples([g for f in kept[:prompts] for g in f])
+    metrics.update(added)
     return seen, chosen, metrics
-
-
-def pooled(groups: list[Group]) -> Group:
-    """One prompt's groups (itself and its variants) as a single group, for the group filter."""
-    if len(groups) == 1:
-        return groups[0]
-    return Group(uid=groups[0].uid, row=groups[0].row, samples=[x for g in groups for x in g.samples])
 
 
 def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, float]:
@@ -98,82 +84,10 @@ def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, f
     return out
 
 
-def row_field_tensor(values: list, name: str) -> torch.Tensor:
-    """A task row field as a tensor: numbers give [B], lists give [B, P] padded with NaN (absent entries)."""
-    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        return torch.tensor(values, dtype=torch.float if any(isinstance(v, float) for v in values) else torch.long)
-    if all(isinstance(v, (list, tuple)) for v in values):
-        out = torch.full((len(values), max((len(v) for v in values), default=0)), float("nan"))
-        for i, v in enumerate(values):
-            out[i, : len(v)] = torch.tensor([float("nan") if e is None else float(e) for e in v])
-        return out
-    raise ValueError(f"task field {name!r} must be a number or a list of numbers in every row")
-
-
-def scored_samples(group: Group) -> list:
-    """The samples of a group that enter the update, in batch order."""
-    return [x for x in group.samples if x.excluded is None]
-
-
-def to_batch(groups: list[Group], pad_id: int, accuracy_component: str | None = None,
-             component_names: list[str] | None = None, row_fields: set[str] | frozenset = frozenset(),
-             group_by: str | None = None):
-    """Collate the scored samples with their per-sample inputs.
-
-    `extras`: per-sample correctness and its group mean. `row_extras`: the reward components
-    [B, K] in the order of `component_names` (NaN where a component gave none) and each task row
-    field of `row_fields`. `group_by`: rows whose task rows share this field's value form one group
-    (default: each prompt is a group).
-    """
-    samples, index, acc, group_acc, rows = [], [], [], [], []
-    keys: dict = {}
-    for gi, g in enumerate(groups):
-        scored = scored_samples(g)
-        correct = [float(x.rewards.get(accuracy_component, 0.0) >= 1.0) for x in scored]
-        rescue = any(x.info.get("demonstration") == "rescue" for x in scored)
-        key = ("rescue", gi) if rescue else gi if group_by is None else repr(g.row[group_by])
-        group = keys.setdefault(key, len(keys))
-        for x, c in zip(scored, correct):
-            samples.append(x)
-            index.append(group)
-            acc.append(c)
-            group_acc.append(sum(correct) / len(correct))
-            rows.append(g.row)
-    if not samples:
-        return None
-    batch = collate(samples, index, pad_id)
-    batch.extras.update(acc=torch.tensor(acc), group_acc=torch.tensor(group_acc))
-    if component_names:
-        batch.row_extras["reward_components"] = torch.tensor(
-            [[float("nan") if x.rewards.get(n) is None else float(x.rewards[n]) for n in component_names]
-             for x in samples])
-        batch.context["reward_component_names"] = list(component_names)
-    for name in sorted(row_fields):
-        batch.row_extras[name] = row_field_tensor([r[name] for r in rows], name)
-    if any(x.info.get("demonstration") for x in samples):
-        batch.row_extras["demonstration"] = torch.tensor([DEMO_CODES.get(x.info.get("demonstration"), 0.0)
-                                                          for x in samples])
-    return batch
-
-
-def fill_inputs(s: Stages, batch, groups: list[Group], step: int) -> None:
-    """The inputs the algorithm declares that need the model or the loop's state, before `prepare`:
-    the step, reference log-probs, PMI, and the model outputs of a no-grad pass (values, hidden states,
-    token entropies)."""
-    batch.context.update(step=step, total_steps=s.cfg.trainer.steps)
-    if "demonstration" in batch.row_extras:  # not sampled by the engine: the current policy's log-probs
-        codes = batch.row_extras["demonstration"]
-        rows = torch.isin(codes, torch.tensor(ON_POLICY_CODES)).nonzero().flatten().tolist()
-        if rows:
-            batch.behaviour_logprobs[rows] = s.learner.logprobs(batch, rows=rows)[rows]
-    if s.algorithm.needs_reference:
-        batch.extras["ref_logp"] = s.learner.logprobs(batch, reference=True)
-    if "pmi" in s.algorithm.requires:
-        rows = [g.row for g in groups for _ in scored_samples(g)]
-        batch.extras["pmi"] = pmi(batch, rows, s.learner, s.tokenizer, s.cfg.task.system_prompt,
-                                  pmi_field(s.cfg.algo.advantage_params))
-    if s.algorithm.prepare_outputs:
-        batch.extras.update(s.learner.model_outputs(batch, s.algorithm.prepare_outputs, s.algorithm.hidden_layer))
+def batch_inputs(s: Stages, groups: list[Group], step: int) -> InputContext:
+    """What the input providers may read for this step's batch of `groups`."""
+    return InputContext(s.cfg, groups, requested_inputs(s.algorithm), step=step, learner=s.learner,
+                        tokenizer=s.tokenizer, algorithm=s.algorithm)
 
 
 def step_boundary(s: Stages, gens: dict, run: RunDir) -> dict:
@@ -242,10 +156,8 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                         {"step": step, "eval_before": result.eval_before, "eval_after": result.eval_after, **boundary},
                         keep=cfg.run.keep_checkpoints, modules=s.learner.modules())
 
-    component_names = [c.name for c in cfg.reward.components]
-    row_fields = s.algorithm.requires & ROW_FIELD_INPUTS
-    if start == 0 and "reward_components" in canonical(s.algorithm.requires):
-        run.log(0, {"inputs/reward_components": ",".join(component_names)})  # column order of [B, K]
+    if start == 0 and "reward_components" in requested_inputs(s.algorithm):  # the column order of [B, K]
+        run.log(0, {"inputs/reward_components": ",".join(c.name for c in cfg.reward.components)})
 
     if start == 0 and cfg.eval.at_start and s.eval_rows:
         result.eval_before = evaluate_now(0)
@@ -261,11 +173,11 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                 t_rollout = time.perf_counter() - t0
                 metrics.update(rollout_metrics(seen, cfg.reward.accuracy_component))
                 generated = sum(x.num_generated for g in seen for x in g.samples)
-                batch = to_batch(kept, pad_id, cfg.reward.accuracy_component, component_names, row_fields,
-                                 cfg.algo.group_by)
+                inputs = batch_inputs(s, kept, step)
+                batch = to_batch(inputs, pad_id)
                 t1 = time.perf_counter()
                 if batch is not None:
-                    fill_inputs(s, batch, kept, step)
+                    provide(batch, inputs, with_learner=True)
                     metrics.update(s.algorithm.prepare(batch))
                     metrics.update(s.learner.update(batch, s.algorithm))
                     metrics.update(s.algorithm.after_update(batch, metrics))

@@ -10,7 +10,7 @@ Each component is still logged on its own (`reward/<name>`); only `sample.reward
   objective drags the whole reward down; optional sigmoid alignment of raw property values first.
 - gated: quality components count only once every gate component reaches its threshold.
 
-The group maths reuses the advantage estimators' helpers (`lmrl.algos.advantages_extra`).
+The group maths is shared with the advantage estimators (`lmrl.stats`).
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from lmrl.algos.advantages_extra import component_advantages, softmin_aggregate
 from lmrl.rewards.compute import REWARD_AGGREGATIONS
+from lmrl.stats import component_advantages, softmin_aggregate
 
 
 def _check_names(names: Sequence[str], components: Mapping[str, list[float]], what: str) -> None:

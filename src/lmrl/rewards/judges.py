@@ -25,6 +25,7 @@ from lmrl.rewards.compute import GROUP_REWARD_FNS
 from lmrl.rewards.functions import REWARD_FNS
 from lmrl.rewards.judge_client import (JudgeClient, JudgeResponseError, json_in, parse_letter_scores, parse_score,
                                        parse_verdict, parse_verdicts, parse_winner, strip_reasoning)
+from lmrl.stats import overlong_fraction
 from lmrl.types import Sample
 
 LETTERS = string.ascii_uppercase
@@ -145,9 +146,12 @@ def break_preference_cycles(margin: list[list[float]]) -> list[list[float]]:
 
 
 def overlong_penalty(length: int, max_length: int, buffer: int, penalty: float) -> float:
-    """DAPO-style soft penalty: 0 up to max_length − buffer, then linear, reaching `penalty` at max_length."""
-    excess = length - (max_length - buffer)
-    return 0.0 if excess <= 0 or buffer <= 0 else penalty * min(1.0, excess / buffer)
+    """DAPO-style soft penalty: 0 up to max_length − buffer, then `penalty` × the overlong fraction
+    (`lmrl.stats.overlong_fraction`, the shape of DAPO's reward shaping), capped at `penalty`."""
+    if buffer <= 0:
+        return 0.0
+    fraction = overlong_fraction(length, max_length, buffer)
+    return 0.0 if fraction <= 0 else penalty * min(1.0, fraction)
 
 
 def parse_order(order: str) -> dict[str, int]:

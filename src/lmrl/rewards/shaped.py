@@ -1,4 +1,4 @@
-"""Shaped and self-derived per-sample rewards (specs/rewards_data_systems.md §1.1, §1.7–§1.11, abstracts).
+"""Shaped and self-derived per-sample rewards (one page each in docs/rewards/, index docs/rewards/README.md).
 
 Registered in `REWARD_FNS`; each is `fn(sample, **params) -> float` or, for components that load a
 model once, a class built as `cls(**params)` and called `obj(sample)`. Every formula is also a pure

@@ -1,14 +1,15 @@
-"""Output Reset, ACRL and PIPO against specs/algorithms.md §11, §21, §16 and against values computed
-by hand or with numpy, independently of the implementation."""
+"""ACRL and PIPO against docs/methods/{acrl,pipo}.md and values computed by hand or with numpy."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from lmrl.algos import ADVANTAGES, LOSSES, LossInputs
+from algo_helpers import rollout_inputs as inputs
+from algo_helpers import run_loss as run
+from lmrl.algos import ADVANTAGES, LOSSES
 from lmrl.algos.advantages import outcome_to_token_rewards
-from lmrl.algos.methods_control import (
+from lmrl.algos.controllers import (
     AcrlController,
     PolicyImprovementMonitor,
     acrl_discrepancy,
@@ -16,72 +17,7 @@ from lmrl.algos.methods_control import (
     pipo_verdict,
 )
 from lmrl.config import build_config
-from lmrl.loops.build import check_names
-
-
-def inputs(log_ratio, adv, rollout_shift=None, mask=None, **extras):
-    """logp = 0 is the gradient leaf; old = −log_ratio; rollout = −rollout_shift (default: old)."""
-    lr = torch.tensor(log_ratio, dtype=torch.float)
-    logp = torch.zeros_like(lr, requires_grad=True)
-    a = torch.tensor(adv, dtype=torch.float)
-    a = a.unsqueeze(1).expand_as(lr).clone() if a.dim() == 1 else a
-    ex = {k: torch.as_tensor(v, dtype=torch.float) for k, v in extras.items()}
-    ex["rollout_logp"] = -lr if rollout_shift is None else -torch.tensor(rollout_shift, dtype=torch.float)
-    m = torch.ones_like(lr) if mask is None else torch.tensor(mask, dtype=torch.float)
-    return logp, LossInputs(logp=logp, old_logp=-lr, advantages=a, mask=m, extras=ex)
-
-
-def run(name, x, logp, **knobs):
-    loss, metrics = LOSSES.get(name)(x, **knobs)
-    loss.sum().backward()
-    return loss.detach(), logp.grad, metrics
-
-
-# --- Output Reset (spec §11) ----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("adv, shift, loss, grad", [
-    (1.0, 0.0, 0.04, -0.4),     # e = 0.2
-    (1.0, 0.25, 0.0, 0.0),      # crossed the margin: reset, no gradient
-    (-1.0, 0.05, 0.0625, 0.5),  # e = 0.25
-    (2.0, 0.0, 0.08, -0.8),     # |A| scales the loss
-    (0.0, 0.1, 0.0, 0.0),
-])
-def test_output_reset_spec_cases(adv, shift, loss, grad):
-    logp, x = inputs([[0.0]], [adv], rollout_shift=[[shift]])
-    value, g, _ = run("output_reset", x, logp, or_margin=0.2)
-    assert value.item() == pytest.approx(loss, abs=1e-6)
-    assert g.item() == pytest.approx(grad, abs=1e-6)
-
-
-def test_output_reset_gradient_decays_linearly_to_the_margin():
-    shifts = [[0.0, 0.05, 0.1, 0.15, 0.2, 0.3]]
-    logp, x = inputs([[0.0] * 6], [1.0], rollout_shift=shifts)
-    _, g, m = run("output_reset", x, logp)
-    assert g[0].tolist() == pytest.approx([-0.4, -0.3, -0.2, -0.1, 0.0, 0.0], abs=1e-6)
-    assert m["or/active_frac"] == pytest.approx(4 / 6)
-
-
-def test_output_reset_measures_against_old_logp_on_request():
-    logp, x = inputs([[0.1]], [1.0], rollout_shift=[[0.5]])  # logp − old = 0.1, logp − rollout = 0.5
-    value, _, _ = run("output_reset", x, logp, or_reference="old")
-    assert value.item() == pytest.approx(0.1 ** 2, abs=1e-6)
-    logp, x = inputs([[0.1]], [1.0], rollout_shift=[[0.5]])
-    assert run("output_reset", x, logp)[0].item() == 0.0
-
-
-def test_output_reset_bad_knobs_and_missing_rollout_are_named():
-    logp, x = inputs([[0.0]], [1.0])
-    with pytest.raises(ValueError, match="or_margin"):
-        LOSSES.get("output_reset")(x, or_margin=0.0)
-    with pytest.raises(ValueError, match="or_reference"):
-        LOSSES.get("output_reset")(x, or_reference="ref")
-    del x.extras["rollout_logp"]
-    with pytest.raises(ValueError, match="rollout_logp"):
-        LOSSES.get("output_reset")(x)
-
-
-# --- ACRL (spec §21) ------------------------------------------------------------------------------
+from lmrl.validation import check_names
 
 
 def test_acrl_spec_band_shrinks_and_masks_the_token():
@@ -139,9 +75,6 @@ def test_acrl_rejects_a_band_at_or_below_one():
         LOSSES.get("acrl")(x, acrl_band=1.0)
 
 
-# --- PIPO (spec §16) ------------------------------------------------------------------------------
-
-
 def test_pipo_spec_verdict_and_pi_reward():
     window = [0.40, 0.42, 0.44, 0.46]
     xi = pipo_verdict(window, 0.50)
@@ -196,5 +129,5 @@ def test_pipo_normal_step_is_the_base_and_a_half_given_verdict_input_is_named():
 
 
 def test_control_losses_are_marked_row_local():
-    assert LOSSES.get("output_reset").zero_at_zero_advantage
-    assert LOSSES.get("acrl").zero_at_zero_advantage
+    assert LOSSES.spec("output_reset").zero_at_zero_advantage
+    assert LOSSES.spec("acrl").zero_at_zero_advantage

@@ -1,6 +1,5 @@
-"""GAE and the clipped value loss (verl), EVPO (spec §8) and ResRL (spec §5), with hand-computed values."""
-from __future__ import annotations
-
+"""GAE and the clipped value loss (verl), EVPO (docs/methods/evpo.md), the critic inside the Algorithm,
+and the config checks of estimators, losses and presets."""
 import math
 
 import pytest
@@ -8,13 +7,10 @@ import torch
 
 from lmrl.algos import ADVANTAGES, Algorithm
 from lmrl.algos.advantages import masked_whiten
+from lmrl.algos.critic import clipped_value_loss, explained_variance, gae_advantages_returns
 from lmrl.algos.losses import LossInputs
-from lmrl.algos.methods_critic import (
-    clipped_value_loss, distance_weights, explained_variance, gae_advantages_returns, length_penalty_factor,
-    projection_distances, svd_token_weights,
-)
 from lmrl.config import AlgoConfig, ConfigError, build_config
-from lmrl.loops.build import check_names
+from lmrl.validation import check_names
 from lmrl.types import Batch
 
 
@@ -22,7 +18,10 @@ def t(x):
     return torch.tensor(x, dtype=torch.float)
 
 
-# --- GAE ----------------------------------------------------------------------------------------
+def _one_group_batch():
+    mask = t([[0, 1, 1], [0, 1, 1]])
+    return Batch(torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long), mask, torch.zeros(2, 3),
+                 t([1, 0]), torch.tensor([0, 0]))
 
 
 def test_gae_hand_values_gamma_one_and_lambda_half():
@@ -47,7 +46,7 @@ def test_gae_estimator_whitens_over_valid_tokens():
     raw, _ = gae_advantages_returns(rewards, values, mask)
     out = ADVANTAGES.get("gae")(rewards, torch.tensor([0, 0]), mask, values=values)
     assert torch.allclose(out, masked_whiten(raw, mask))
-    assert ADVANTAGES.get("gae").requires == {"values"} and ADVANTAGES.get("gae").critic
+    assert ADVANTAGES.spec("gae").requires == {"values"} and ADVANTAGES.spec("gae").critic
     with pytest.raises(ValueError, match="values"):
         ADVANTAGES.get("gae")(rewards, torch.tensor([0, 0]), mask)
 
@@ -59,9 +58,6 @@ def test_clipped_value_loss_takes_the_larger_of_clipped_and_unclipped():
     assert clipped.tolist() == [1.0, 0.0]
     loss, _ = clipped_value_loss(t([1.0]), t([0.0]), t([0.0]), value_clip=None)
     assert loss.tolist() == pytest.approx([0.5])
-
-
-# --- EVPO (spec §8) -----------------------------------------------------------------------------
 
 
 def test_evpo_spec_critic_branch():
@@ -86,57 +82,6 @@ def test_evpo_without_reward_variance_takes_the_baseline_branch():
     assert math.isnan(explained_variance(returns, t([[0.2], [0.9]]), mask))
     out = ADVANTAGES.get("evpo")(returns, torch.zeros(2), mask, values=t([[0.2], [0.9]]))
     assert out.abs().sum() == 0
-
-
-# --- ResRL (spec §5) ----------------------------------------------------------------------------
-
-
-def test_resrl_spec_distance_weights_and_flat_case():
-    w = distance_weights(t([0, 0.1, 0.2, 0.3, 0.4]))
-    assert w.tolist() == pytest.approx([0.1, 0.175, 0.55, 0.925, 1.0])
-    assert distance_weights(t([0.3, 0.3, 0.3])).tolist() == pytest.approx([0.55] * 3)
-
-
-def test_resrl_spec_length_penalty():
-    f = length_penalty_factor(t([3798, 3500, 100, 4096, 9000]))
-    assert f.tolist() == pytest.approx([0.85, 1.0, 1.0, 0.7, 0.7])
-
-
-def test_resrl_spec_negative_token_in_the_positive_span_gets_distance_zero():
-    g = torch.Generator().manual_seed(0)
-    positives = torch.randn(6, 16, generator=g)
-    negatives = torch.stack([positives[2], torch.randn(16, generator=g)])
-    d = projection_distances(positives, negatives)
-    assert d[0] == pytest.approx(0.0, abs=1e-5)
-    assert d[1] > 0.05
-    assert projection_distances(positives[:3], negatives) is None  # under 4 positive tokens
-
-
-def test_resrl_estimator_scales_positives_and_weights_negatives_in_mixed_groups_only():
-    g = torch.Generator().manual_seed(1)
-    hidden = torch.randn(8, 5, 12, generator=g)
-    mask = torch.ones(8, 5)
-    group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
-    rewards = torch.zeros(8, 5)
-    rewards[:, -1] = t([1, 1, 0, 0, 1, 1, 1, 0.5])  # group 1 has only positive scores
-    grpo = ADVANTAGES.get("grpo")(rewards, group, mask)
-    out = ADVANTAGES.get("resrl")(rewards, group, mask, hidden=hidden)
-    assert torch.allclose(out[:2], 0.1 * grpo[:2])
-    ratio = out[2:4] / grpo[2:4]
-    assert ((ratio >= 0.1 - 1e-6) & (ratio <= 1 + 1e-6)).all() and ratio.min() == pytest.approx(0.1)
-    assert torch.allclose(out[4:], grpo[4:])
-    weights = svd_token_weights(hidden, mask, rewards.sum(1) > 0, group)
-    assert torch.allclose(out[2:4], grpo[2:4] * weights[2:4])
-    assert ADVANTAGES.get("resrl").hidden_layer == -2
-
-
-# --- the critic inside the Algorithm, and the config checks ------------------------------------
-
-
-def _one_group_batch():
-    mask = t([[0, 1, 1], [0, 1, 1]])
-    return Batch(torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long), mask, torch.zeros(2, 3),
-                 t([1, 0]), torch.tensor([0, 0]))
 
 
 def test_algorithm_with_a_critic_sets_value_targets_and_adds_the_value_loss():
@@ -177,9 +122,9 @@ def test_knobs_a_loss_would_ignore_fail_at_config_time():
 
 
 def test_every_preset_has_a_description():
-    from lmrl.config import PRESET_DESCRIPTIONS, PRESETS
+    from lmrl.presets import PRESETS
 
-    assert set(PRESETS) == set(PRESET_DESCRIPTIONS)
+    assert all(PRESETS.describe(name) for name in PRESETS)
     assert {"ppo", "evpo", "resrl", "gdpo", "rvpo", "entrocraft", "eqlen", "xgrpo", "alpo", "prpo"} <= set(PRESETS)
 
 
@@ -189,21 +134,3 @@ def test_gspo_preset_bounds_with_a_token_ratio_loss_fail_at_config_time():
     cfg = build_config({"algo": {"preset": "gspo", "loss": "ppo_clip_mis_token", "eps_low": 0.2, "eps_high": 0.2}})
     assert cfg.algo.eps_low == 0.2
     build_config({"algo": {"preset": "gspo", "eps_low": 0.2, "eps_high": 0.2}})
-
-
-def test_cost_aware_draw_keeps_weighted_rows_and_zeroes_the_rest():
-    from lmrl.algos.advantages_extra import cost_aware_weights
-
-    batch = Batch(torch.zeros(4, 4, dtype=torch.long), torch.ones(4, 4, dtype=torch.long),
-                  t([[0, 1, 1], [0, 1, 0], [0, 1, 1], [0, 1, 0]]), torch.zeros(4, 3), t([1, 0, 0, 1]),
-                  torch.tensor([0, 0, 0, 0]))
-    Algorithm(AlgoConfig(), 2).prepare(batch)
-    grpo = batch.advantages.clone()
-    torch.manual_seed(0)
-    metrics = Algorithm(AlgoConfig(cost_aware_fraction=0.5), 2).prepare(batch)
-    torch.manual_seed(0)
-    per_row = (grpo * batch.completion_mask).sum(1) / batch.completion_mask.sum(1)
-    selected, weights = cost_aware_weights(per_row, batch.completion_mask.sum(1), 2)
-    assert torch.allclose(batch.advantages, grpo * weights.unsqueeze(1))
-    assert metrics["cost_aware/selected_frac"] == float(selected.float().mean()) <= 0.5
-    assert Algorithm(AlgoConfig(cost_aware_fraction=0.5), 2).inert_rows(batch).tolist() == (~selected).tolist()

@@ -1,0 +1,29 @@
+"""The rollout engine of a run and its sampling parameters, from the Config."""
+from __future__ import annotations
+
+from lmrl.config import Config
+from lmrl.engines.base import ENGINES, SamplingParams
+from lmrl.models.precision import resolve_bf16
+
+
+def eos_ids(tokenizer, model) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and the model's generation-config EOS ids."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if gen_eos is not None:
+        ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    return sorted(ids)
+
+
+def build_engine(cfg: Config, model, tokenizer):
+    """The rollout engine `rollout.engine` over `model`, stopping at every EOS the model declares."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    bf16 = resolve_bf16(cfg.trainer.bf16, next(model.parameters()).device)
+    return ENGINES.get(cfg.rollout.engine)(model, eos_ids(tokenizer, model), pad, bf16=bf16)
+
+
+def sampling_params(cfg: Config) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)

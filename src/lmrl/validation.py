@@ -1,0 +1,292 @@
+"""The validation pipeline: every check of a Config, in one ordered list by stage, driven by declarations.
+
+Stage "names": every registry key resolves (user code `file.py:name` too). Stage "combinations":
+what the estimator and the loss declare (`AdvantageSpec`, `LossSpec`) and what the preset brought,
+against the rest of the config. Stage "data": the task rows carry the fields the methods and
+demonstrations read. `build_config` (so `load_config` and `lmrl train --dry-run`) runs the first two
+through `check_names`; `build_stages` runs the last through `check_row_fields` once rows are loaded.
+No check names a method: each reads the method's declaration. Pydantic keeps field types and ranges.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from lmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
+from lmrl.algos.inputs import ALIASES, INPUT_KNOBS, ROW_FIELD_INPUTS
+from lmrl.config import Config, ConfigError
+from lmrl.data import GROUP_FILTERS, SAMPLERS
+from lmrl.data.demonstrations import template_fields
+from lmrl.engines import ENGINES
+from lmrl.envs import TASKS
+from lmrl.learners.pmi import pmi_field
+from lmrl.presets import PRESETS
+from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
+
+# Reward aggregations that score each sample on its own (a demonstration is scored alone).
+PER_SAMPLE_AGGREGATIONS = {"weighted_sum", "bottleneck", "gated"}
+# Row fields the loop adds only when a setting asks for them: field -> that setting.
+SETTING_FIELDS = {"prompt_variant": "task.prompt_variants"}
+
+
+# --- stage "names" -----------------------------------------------------------------------------
+
+
+def _registered(cfg: Config) -> None:
+    """Every name in the config must be registered; the error names the key and the nearest name."""
+    a = cfg.algo
+    checks = [("algo.preset", PRESETS, a.preset), ("algo.advantage", ADVANTAGES, a.advantage),
+              ("algo.loss", LOSSES, a.loss), ("algo.aggregation", AGGREGATIONS, a.aggregation),
+              ("algo.kl_estimator", KL_ESTIMATORS, a.kl_estimator), ("task.name", TASKS, cfg.task.name),
+              ("rollout.engine", ENGINES, cfg.rollout.engine), ("data.sampler", SAMPLERS, cfg.data.sampler),
+              ("data.group_filter", GROUP_FILTERS, cfg.data.group_filter),
+              ("reward.aggregation", REWARD_AGGREGATIONS, cfg.reward.aggregation)]
+    checks += [(f"reward.components[{i}].name", GROUP_REWARD_FNS if c.name in GROUP_REWARD_FNS else REWARD_FNS, c.name)
+               for i, c in enumerate(cfg.reward.components)]
+    for key, registry, name in checks:
+        if name not in registry:
+            raise ConfigError(f"{key}: {registry.unknown_message(name)}")
+
+
+def _reward_names(cfg: Config) -> None:
+    """Components are logged and weighed by name: each once, and the accuracy one among them."""
+    names = [c.name for c in cfg.reward.components]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"reward.components: each component may appear once (got {names})")
+    if cfg.reward.accuracy_component not in names:
+        raise ConfigError(f"reward.accuracy_component={cfg.reward.accuracy_component!r} is not one of "
+                          f"reward.components ({', '.join(names)})")
+
+
+def _trackers(cfg: Config) -> None:
+    """Trackers registered and their packages installed, before a run starts (loops/trackers.py)."""
+    from lmrl.loops.trackers import check_trackers  # lmrl.loops builds its stages with these checks
+
+    check_trackers(cfg.run.trackers)
+
+
+# --- stage "combinations": declarations and the preset against the settings --------------------
+
+
+def _preset_clip_bounds(cfg: Config) -> None:
+    """A preset's sequence-ratio clip bounds (GSPO's 3e-4/4e-4) clip almost every token of a token-ratio loss."""
+    a, brought = cfg.algo, PRESETS.get(cfg.algo.preset).settings
+    preset_loss = brought.get("algo.loss")
+    if preset_loss not in LOSSES or not LOSSES.spec(preset_loss).sequence_ratio or LOSSES.spec(a.loss).sequence_ratio:
+        return
+    bounds = [key for key in ("algo.eps_low", "algo.eps_high") if key in brought]
+    if any(cfg.inherited(key) for key in bounds):
+        shown = ", ".join(f"{key}={brought[key]:g}" for key in bounds)
+        raise ConfigError(f"algo.preset={a.preset} brings sequence-ratio clip bounds ({shown}) but algo.loss={a.loss} "
+                          "clips token ratios with them, which clips almost every token; set algo.eps_low and "
+                          "algo.eps_high explicitly (e.g. 0.2 / 0.2)")
+
+
+def _preset_aggregation(cfg: Config) -> None:
+    """A loss chosen without its aggregation must not silently take a preset's different one."""
+    a = cfg.algo
+    wanted = LOSSES.spec(a.loss).default_aggregation
+    if not wanted or not cfg.inherited("algo.aggregation") or a.aggregation == wanted:
+        return
+    own = [n for n in PRESETS.names() if PRESETS.get(n).settings.get("algo.loss") == a.loss
+           and PRESETS.get(n).settings.get("algo.aggregation") == wanted]
+    use = f"use algo.preset={' or '.join(own)}, or " if own else ""
+    raise ConfigError(f"algo.loss={a.loss} is defined with algo.aggregation={wanted}, but algo.preset={a.preset} "
+                      f"brings algo.aggregation={a.aggregation}; {use}set algo.aggregation yourself ({wanted} as "
+                      f"in the paper, or {a.aggregation} to keep it)")
+
+
+def _sequence_ratio(cfg: Config) -> None:
+    """Dual-clip bounds a token ratio; a loss with one ratio per sequence has none."""
+    if LOSSES.spec(cfg.algo.loss).sequence_ratio and cfg.algo.dual_clip is not None:
+        raise ConfigError(f"algo.loss={cfg.algo.loss} is a sequence-level ratio; algo.dual_clip applies to "
+                          "token ratios only")
+
+
+def _kl_in_reward(cfg: Config) -> None:
+    """Folding the KL into the reward with a zero coefficient folds nothing: surely a mistake."""
+    if cfg.algo.kl_in_reward and cfg.algo.kl_coef == 0:
+        raise ConfigError("algo.kl_in_reward=true needs algo.kl_coef > 0")
+
+
+def _groups(cfg: Config) -> None:
+    """Group-relative estimators and group filters compare the samples of one prompt."""
+    if ADVANTAGES.spec(cfg.algo.advantage).group_relative and cfg.rollout.group_size < 2:
+        raise ConfigError(f"algo.advantage={cfg.algo.advantage} compares samples of one prompt; "
+                          "rollout.group_size must be >= 2")
+    if cfg.data.group_filter != "none" and cfg.rollout.group_size < 2:
+        raise ConfigError("data.group_filter needs rollout.group_size >= 2")
+
+
+def _overlong(cfg: Config) -> None:
+    """The overlong-shaping buffer is counted back from the token limit, so it must fit under it."""
+    if cfg.algo.overlong_buffer >= cfg.rollout.max_new_tokens:
+        raise ConfigError("algo.overlong_buffer must be smaller than rollout.max_new_tokens")
+
+
+def _peers(cfg: Config) -> None:
+    """Peer rollouts carry only a sequence log-prob, which only a sequence-level IS correction can use."""
+    if cfg.data.demonstrations != "peers":
+        return
+    if not cfg.task.peer_rollouts:
+        raise ConfigError("data.demonstrations=peers needs task.peer_rollouts, the task row field holding "
+                          "[{'text': ..., 'logprob': ...}, ...]")
+    loss, knobs, spec = cfg.algo.loss, cfg.algo.loss_params, LOSSES.spec(cfg.algo.loss)
+    if not spec.weighs_sequences(knobs):
+        usable = [n for n, s in LOSSES.specs().items() if s.sequence_is]
+        which = f"algo.loss={loss} with algo.loss_params={knobs}" if spec.sequence_is else f"algo.loss={loss}"
+        raise ConfigError(f"data.demonstrations=peers weighs another policy's completions by the sequence ratio "
+                          f"π_self(y)/π_peer(y), but {which} does not use it (token ratios do not exist across "
+                          f"tokenizers); use algo.loss={' or '.join(usable) or '(none registered)'} with its "
+                          "sequence-level knobs (docs/methods/demonstrations.md)")
+
+
+def _demonstrations(cfg: Config) -> None:
+    """Demonstrations need their template, fit the estimator, and are scored alone by per-sample rewards."""
+    mode, a = cfg.data.demonstrations, cfg.algo
+    if mode not in ("none", "peers") and not cfg.task.demonstration:
+        raise ConfigError(f"data.demonstrations={mode} needs task.demonstration, a template over the task row's "
+                          "fields (e.g. '{solution}' or 'Answer: {answer}')")
+    if mode == "rescue" and a.critic:
+        raise ConfigError("data.demonstrations=rescue leaves its rows out of the advantage estimate, which "
+                          "algo.critic=true (value targets for every row) does not support; use group or no critic")
+    if a.demo_nll_coef > 0 and mode == "none":
+        raise ConfigError("algo.demo_nll_coef > 0 trains on demonstration rows, but data.demonstrations=none "
+                          "adds none; set data.demonstrations=rescue (or group) and task.demonstration")
+    if mode == "none":
+        return
+    group = [c.name for c in cfg.reward.components if c.name in GROUP_REWARD_FNS]
+    if group:
+        raise ConfigError(f"data.demonstrations={mode} scores each demonstration alone, but the reward components "
+                          f"{group} score whole groups; use per-sample components")
+    if cfg.reward.aggregation not in PER_SAMPLE_AGGREGATIONS:
+        raise ConfigError(f"data.demonstrations={mode} scores each demonstration alone, but "
+                          f"reward.aggregation={cfg.reward.aggregation} normalises within a group; use one of "
+                          f"{sorted(PER_SAMPLE_AGGREGATIONS)}")
+
+
+def _critic(cfg: Config) -> None:
+    """A critic-based estimator needs the value head, and the value head needs a critic-based estimator."""
+    a = cfg.algo
+    reads_values = ADVANTAGES.spec(a.advantage).critic
+    if reads_values and not a.critic:
+        raise ConfigError(f"algo.advantage={a.advantage} is critic-based (it reads a value head's values) but "
+                          "algo.critic=false; set algo.critic=true or choose an estimator without a critic")
+    if a.critic and not reads_values:
+        critics = [n for n, spec in ADVANTAGES.specs().items() if spec.critic]
+        raise ConfigError(f"algo.critic=true trains a value head that algo.advantage={a.advantage} never reads; "
+                          f"choose a critic-based estimator ({', '.join(critics)}) or set algo.critic=false")
+
+
+def _inputs(cfg: Config) -> None:
+    """Every input a method declares must be one the loop provides (reward components: at least two)."""
+    from lmrl.loops.providers import provided_inputs  # lmrl.loops builds its stages with these checks
+
+    a, provided = cfg.algo, provided_inputs()
+    for setting, spec in ((f"algo.advantage={a.advantage}", ADVANTAGES.spec(a.advantage)),
+                          (f"algo.loss={a.loss}", LOSSES.spec(a.loss))):
+        missing = spec.requires - provided
+        if missing:
+            raise ConfigError(f"{setting} needs per-sample inputs {sorted(missing)} that the training loop does not "
+                              "provide yet; it is available as a function in lmrl.algos")
+        components = sorted(n for n in spec.requires if ALIASES.get(n, n) == "reward_components")
+        if components and len(cfg.reward.components) < 2:
+            raise ConfigError(f"{setting} needs per-sample inputs {components} from at least 2 reward components to "
+                              f"combine; reward.components has {[c.name for c in cfg.reward.components]}")
+
+
+def _unknown_knobs(fn: Callable, spec: Any, given: dict) -> list[str]:
+    """Knobs a function would silently ignore: its catch-all is named `_` and it has no such parameter."""
+    params = inspect.signature(fn).parameters
+    catch_all = [p for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    if catch_all and catch_all[0].name != "_":
+        return []
+    state_knobs = getattr(spec.state, "knobs", ())
+    return sorted(k for k in given if k not in params and k not in INPUT_KNOBS and k not in state_knobs)
+
+
+def _knobs(cfg: Config) -> None:
+    """A misspelt or misplaced knob would be ignored silently; refuse it, naming the method."""
+    a = cfg.algo
+    unknown = _unknown_knobs(LOSSES.get(a.loss), LOSSES.spec(a.loss), a.loss_params)
+    if unknown:
+        raise ConfigError(f"algo.loss_params: {unknown} are not knobs of algo.loss={a.loss} (they would be ignored; "
+                          f"e.g. token-level mask knobs do not apply to a sequence-ratio loss)")
+    unknown = _unknown_knobs(ADVANTAGES.get(a.advantage), ADVANTAGES.spec(a.advantage), a.advantage_params)
+    if unknown:
+        raise ConfigError(f"algo.advantage_params: {unknown} are not knobs of algo.advantage={a.advantage}")
+
+
+def _rejected_tokens(cfg: Config) -> None:
+    """Keeping rejected tokens means something only for a loss that declares a token mask."""
+    if cfg.algo.rejected_tokens == "keep" and LOSSES.spec(cfg.algo.loss).token_mask is None:
+        raise ConfigError(f"algo.rejected_tokens=keep only applies to losses that reject tokens; "
+                          f"algo.loss={cfg.algo.loss} rejects none")
+
+
+# --- stage "data": the loaded task rows ---------------------------------------------------------
+
+
+def _demonstration_rows(cfg: Config, rows: list[dict]) -> None:
+    """Peer rollouts and demonstration templates read row fields every training row must carry."""
+    mode = cfg.data.demonstrations
+    if mode == "peers":
+        lacking = sum(not isinstance(r.get(cfg.task.peer_rollouts), list) for r in rows)
+        if lacking:
+            raise ConfigError(f"task.peer_rollouts={cfg.task.peer_rollouts!r}: {lacking} task rows lack that field "
+                              f"as a list of {{'text': ..., 'logprob': ...}} (they have: {', '.join(sorted(rows[0]))})")
+    elif mode != "none":
+        missing = sorted(n for n in template_fields(cfg.task.demonstration) if any(n not in r for r in rows))
+        if missing:
+            raise ConfigError(f"task.demonstration={cfg.task.demonstration!r} reads the row fields {missing}, which "
+                              f"some task rows lack (they have: {', '.join(sorted(rows[0]))})")
+
+
+def _method_rows(cfg: Config, rows: list[dict]) -> None:
+    """Task row fields the estimator, the loss and `algo.group_by` read must be in every training row."""
+    a, estimator = cfg.algo, ADVANTAGES.spec(cfg.algo.advantage)
+    readers = {name: f"algo.loss={a.loss}" for name in LOSSES.spec(a.loss).requires & ROW_FIELD_INPUTS}
+    readers.update({name: f"algo.advantage={a.advantage}" for name in estimator.requires & ROW_FIELD_INPUTS})
+    if "pmi" in estimator.requires:
+        readers[pmi_field(a.advantage_params)] = f"algo.advantage={a.advantage}"
+    if a.group_by:
+        readers[a.group_by] = "algo.group_by"
+    for name in sorted(readers):
+        lacking = sum(name not in r for r in rows)
+        if lacking and name in SETTING_FIELDS:
+            setting = SETTING_FIELDS[name]
+            presets = [n for n in PRESETS.names() if setting in PRESETS.get(n).settings]
+            hint = f" (the {' / '.join(presets)} preset sets one)" if presets else ""
+            raise ConfigError(f"{readers[name]} reads the row field {name!r}, which only the rollouts of {setting} "
+                              f"carry; set {setting}{hint}")
+        if lacking:
+            raise ConfigError(f"{readers[name]} reads the task field {name!r}, which {lacking} of {len(rows)} "
+                              "training rows lack")
+
+
+CONFIG_STAGES = ("names", "combinations")  # need no data: build_config runs them
+PIPELINE: list[tuple[str, Callable[..., None]]] = [
+    ("names", _registered), ("names", _reward_names), ("names", _trackers),
+    ("combinations", _preset_clip_bounds), ("combinations", _preset_aggregation), ("combinations", _sequence_ratio),
+    ("combinations", _kl_in_reward), ("combinations", _groups), ("combinations", _overlong),
+    ("combinations", _peers), ("combinations", _demonstrations), ("combinations", _critic),
+    ("combinations", _inputs), ("combinations", _knobs), ("combinations", _rejected_tokens),
+    ("data", _demonstration_rows), ("data", _method_rows),
+]
+
+
+def run_stages(stages: tuple[str, ...], *args: Any) -> None:
+    """Run the pipeline's checks of `stages` in order; the first failure raises ConfigError."""
+    for stage, check in PIPELINE:
+        if stage in stages:
+            check(*args)
+
+
+def check_names(cfg: Config) -> None:
+    """The stages that need no data: names resolve, then declarations and settings fit together."""
+    run_stages(CONFIG_STAGES, cfg)
+
+
+def check_row_fields(cfg: Config, rows: list[dict]) -> None:
+    """The data stage, once the training rows are loaded."""
+    run_stages(("data",), cfg, rows)
