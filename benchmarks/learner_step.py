@@ -15,7 +15,9 @@ import torch
 from lmrl.config import load_config
 from lmrl.learners import Learner
 from lmrl.loops.setup import build_stages
-from lmrl.loops.sync import collect_groups, to_batch
+from lmrl.loops.batching import to_batch
+from lmrl.loops.providers import provide
+from lmrl.loops.sync import batch_inputs, collect_groups
 
 
 def main() -> None:
@@ -29,7 +31,9 @@ def main() -> None:
                                      f"rollout.max_new_tokens={a.max_new_tokens}", "task.num_eval=1"])
     s = build_stages(cfg)
     _, kept, _ = collect_groups(s)
-    batch = to_batch(kept, s.engine.pad_token_id)
+    inputs = batch_inputs(s, kept, step=1)
+    batch = to_batch(inputs, s.engine.pad_token_id)
+    provide(batch, inputs, with_learner=True)
     s.algorithm.prepare(batch)
     print(f"batch: {batch.num_rows} samples, {int(batch.attention_mask.sum())} tokens "
           f"({int(batch.completion_mask.sum())} generated), padded width {batch.input_ids.shape[1]}")

@@ -281,7 +281,7 @@ def child_trl(spec: dict) -> None:
     from lmrl.config import load_config
     from lmrl.data import SAMPLERS
     from lmrl.envs import prompt_messages
-    from lmrl.loops.setup import prepare_data
+    from lmrl.envs import prepare_data
     from lmrl.models import load_tokenizer, resolve_model_path
     from lmrl.rewards.functions import answers_match, final_answer
 
