@@ -19,6 +19,7 @@ from lmrl.data import GROUP_FILTERS, SAMPLERS
 from lmrl.data.demonstrations import template_fields
 from lmrl.engines import ENGINES
 from lmrl.envs import TASKS
+from lmrl.eval.trackers import check_trackers
 from lmrl.learners.pmi import pmi_field
 from lmrl.presets import PRESETS
 from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
@@ -59,9 +60,7 @@ def _reward_names(cfg: Config) -> None:
 
 
 def _trackers(cfg: Config) -> None:
-    """Trackers registered and their packages installed, before a run starts (loops/trackers.py)."""
-    from lmrl.loops.trackers import check_trackers  # lmrl.loops builds its stages with these checks
-
+    """Trackers registered and their packages installed, before a run starts (eval/trackers.py)."""
     check_trackers(cfg.run.trackers)
 
 

@@ -6,8 +6,9 @@ import pytest
 from lmrl.config import RewardComponent, RewardConfig
 from lmrl.rewards import GROUP_REWARD_FNS, REWARD_FNS, RewardScorer
 from lmrl.rewards.judge_client import JudgeClient, JudgeError, JudgeResponseError
-from lmrl.rewards.judges import (break_preference_cycles, evolm_generator_reward, grrm_ranking_reward, grrm_rm_reward,
-                                 grrm_score_reward, majority, overlong_penalty, parse_criteria, rubric_score, token_f1)
+from lmrl.rewards.judge_scoring import (break_preference_cycles, evolm_generator_reward, grrm_ranking_reward, grrm_rm_reward,
+                                        grrm_score_reward, majority, overlong_penalty, parse_criteria, rubric_score,
+                                        token_f1)
 from lmrl.types import Group, Sample
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lmrl.config import Config, config_to_yaml
-from lmrl.loops.trackers import Trackers
+from lmrl.eval.trackers import Trackers
 
 
 def _clean(value: Any) -> Any:

@@ -21,7 +21,7 @@ from lmrl.loops.progress import StepProgress
 from lmrl.loops.providers import provide, requested_inputs
 from lmrl.loops.run_dir import RunDir
 from lmrl.loops.setup import Stages, build_stages
-from lmrl.loops.trackers import Trackers
+from lmrl.eval.trackers import Trackers
 from lmrl.models.threads import apply_threads
 from lmrl.rewards.gaming import gaming_metrics
 from lmrl.types import Group
