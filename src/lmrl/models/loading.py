@@ -22,6 +22,8 @@ from transformers import (
     LlamaForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
 )
 
 from lmrl.models.convert import convert_gguf, lmrl_home, sha256_file
@@ -168,19 +170,31 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> P
     return AutoModelForCausalLM.from_pretrained(resolve_model_path(path), dtype=dtype)
 
 
+TINY_FAMILIES = ("llama", "llama_tied", "qwen2")
+
+
+def tiny_model(family: str, vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4,
+               seed: int = 0) -> PreTrainedModel:
+    """A tiny randomly initialised causal LM of a model family, for tests; the global torch RNG is left
+    untouched. Families: "llama" (untied embeddings), "llama_tied" (LM head tied to the embeddings, as
+    SmolLM2), "qwen2" (biased q/k/v projections, grouped-query attention, untied)."""
+    shape = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                 num_attention_heads=heads, max_position_embeddings=512)
+    if family in ("llama", "llama_tied"):
+        config = LlamaConfig(**shape, num_key_value_heads=heads, tie_word_embeddings=family == "llama_tied")
+        cls = LlamaForCausalLM
+    elif family == "qwen2":
+        config = Qwen2Config(**shape, num_key_value_heads=max(1, heads // 2), tie_word_embeddings=False)
+        cls = Qwen2ForCausalLM
+    else:
+        raise ValueError(f"unknown tiny model family {family!r}; choose from {', '.join(TINY_FAMILIES)}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return cls(config)
+
+
 def tiny_llama(
     vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4, seed: int = 0
 ) -> LlamaForCausalLM:
-    """A tiny randomly initialised Llama for tests; the global torch RNG is left untouched."""
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=4 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        max_position_embeddings=512,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return LlamaForCausalLM(config)
+    """A tiny randomly initialised Llama (untied embeddings) for tests; the global torch RNG is left untouched."""
+    return tiny_model("llama", vocab_size, hidden=hidden, layers=layers, heads=heads, seed=seed)
