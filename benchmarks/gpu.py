@@ -1,42 +1,59 @@
-"""GPU benchmark for a lent accelerator: rollout tokens/s, training tokens/s and MFU of the train step.
+"""GPU benchmark for a lent accelerator: the real lmrl loop (`lmrl.loops.train`) on large shapes.
 
 Random-initialised models of Qwen2-0.5B and Qwen2-1.5B shape (weights cannot travel to the device
-machine), lmrl's `hf` engine and learner, bf16 autocast. Synthetic GRPO batches: P prompts × G samples,
-prompt length L_p, up to L_c new tokens (generation stops only at the length limit: random weights
-rarely emit EOS).
+machine) with a synthetic word-level tokenizer of Qwen2's vocabulary size, trained by the real loop
+(sampler → hf engine → reward → GRPO → learner → checkpoint-free) for a few steps, in four variants:
+full fine-tuning and LoRA, each with and without gradient checkpointing. Prompts are `--prompt-len`
+random words; generation stops only at the length limit (random weights rarely emit EOS).
 
-    python benchmarks/gpu.py --out docs/gpu_results.md     # about 5 minutes on one H200
+    python benchmarks/gpu.py --out docs/gpu_result.md     # about 6 minutes on one H200
+    python benchmarks/gpu.py --shapes tiny --device cpu --steps 2   # a smoke run of the script itself
 
-MFU counts 6·N·tokens for training (forward + backward, N = non-embedding + LM-head parameters) over
-the device's dense bf16 peak (`--peak-tflops`, default 989 for an H100/H200 SXM).
+Reported per variant, from the loop's own metrics (the first step is warm-up and not counted):
+rollout tokens/s (generated tokens / rollout time), training tokens/s (tokens of the update batch /
+update time), MFU of the update (6·N·tokens per second over the device's dense bf16 peak,
+`--peak-tflops`, default 989 for an H100/H200 SXM; N = matmul parameters: non-embedding plus the LM
+head, the LoRA adapters' own FLOPs left out), and peak device memory.
 """
 from __future__ import annotations
 
 import argparse
-import time
+import json
+import tempfile
+from pathlib import Path
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from lmrl.algos import Algorithm
-from lmrl.config import AlgoConfig, TrainerConfig
-from lmrl.engines import HFEngine, SamplingParams
-from lmrl.learners import Learner
-from lmrl.types import Sample, collate
+from lmrl.config import build_config
+from lmrl.loops import build_stages, train
+from lmrl.rewards import REWARD_FNS
 
 SHAPES = {
-    "0.5B": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2),
-    "1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2),
+    "tiny": dict(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1),
+    "0.5B": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                 num_attention_heads=14, num_key_value_heads=2),
+    "1.5B": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                 num_attention_heads=12, num_key_value_heads=2),
 }
+VARIANTS = {  # name: (LoRA, gradient checkpointing)
+    "full": (False, False), "full+gc": (False, True), "lora": (True, False), "lora+gc": (True, True)}
 
 
-def build(shape: str, device: str) -> Qwen2ForCausalLM:
-    cfg = Qwen2Config(vocab_size=151936, max_position_embeddings=4096, tie_word_embeddings=shape == "0.5B",
-                      **SHAPES[shape])
+def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    """A whitespace word-level tokenizer with one word per id (`w0` … `wN`), so any sampled id decodes."""
+    vocab = {"<pad>": 0, "<eos>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>", pad_token="<pad>")
+
+
+def build_model(shape: str) -> Qwen2ForCausalLM:
+    cfg = Qwen2Config(max_position_embeddings=8192, tie_word_embeddings=shape != "1.5B", **SHAPES[shape])
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(cfg).to(device)
+    return Qwen2ForCausalLM(cfg)
 
 
 def matmul_params(model) -> int:
@@ -46,81 +63,94 @@ def matmul_params(model) -> int:
     return total - embed + (head if model.config.tie_word_embeddings else 0)
 
 
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+def token_parity(sample, **_) -> float:
+    """A reward with spread on random weights (so no group is inert and every row trains): id-sum parity."""
+    return float(sum(sample.completion_ids) % 2)
 
 
-def bench(shape: str, a, device: str) -> dict[str, float]:
-    model = build(shape, device)
+def write_task(path: Path, vocab_size: int, prompt_len: int, rows: int) -> Path:
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 150000, (a.prompt_len,), generator=g).tolist() for _ in range(a.prompts)]
-    engine = HFEngine(model, eos_token_ids=[151643], pad_token_id=151643, bf16=True)
-    params = SamplingParams(max_new_tokens=a.new_tokens)
-    engine.generate(prompts[:2], 2, SamplingParams(max_new_tokens=8), g)  # warm-up
-    sync(device)
-    t = time.perf_counter()
-    out = engine.generate(prompts, a.group, params, torch.Generator(device="cpu").manual_seed(1))
-    sync(device)
-    rollout_s = time.perf_counter() - t
-    generated = sum(len(c.token_ids) for grp in out for c in grp)
-    samples, index = [], []
-    for i, (p, grp) in enumerate(zip(prompts, out)):
-        for j, c in enumerate(grp):
-            samples.append(Sample(p, c.token_ids, c.logprobs, reward=float(j % 2)))
-            index.append(i)
-    batch = collate(samples, index, pad_id=0)
-    algo = Algorithm(AlgoConfig(), max_new_tokens=a.new_tokens)
-    algo.prepare(batch)
-    result = {"rollout_tok_s": generated / rollout_s}
-    for share in (False, True):
-        learner = Learner(model, TrainerConfig(bf16=True, micro_batch_tokens=a.micro_tokens, share_prompt=share),
-                          bf16=True)
-        learner.update(batch, algo)  # warm-up (allocator, kernels)
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        sync(device)
-        t = time.perf_counter()
-        learner.update(batch, algo)
-        sync(device)
-        train_s = time.perf_counter() - t
-        tokens = int(batch.attention_mask.sum())  # tokens of the unpacked batch: the work being done
-        key = "shared" if share else "separate"
-        result[f"train_tok_s_{key}"] = tokens / train_s
-        result[f"mfu_{key}"] = 6 * matmul_params(model) * tokens / train_s / (a.peak_tflops * 1e12)
-        if device == "cuda":
-            result[f"peak_gib_{key}"] = torch.cuda.max_memory_allocated() / 2**30
-        del learner
-    return result
+    with path.open("w") as f:
+        for _ in range(rows):
+            words = torch.randint(2, vocab_size, (prompt_len,), generator=g).tolist()
+            f.write(json.dumps({"question": " ".join(f"w{w}" for w in words), "answer": "w7"}) + "\n")
+    return path
+
+
+def run_variant(shape: str, variant: str, a, workdir: Path) -> dict[str, float]:
+    lora, checkpointing = VARIANTS[variant]
+    tokenizer = word_tokenizer(SHAPES[shape]["vocab_size"])
+    task = write_task(workdir / "task.jsonl", SHAPES[shape]["vocab_size"], a.prompt_len, 4 * a.prompts)
+    tree = {
+        "recipe": f"gpu-{shape}-{variant}",
+        "task": {"name": "jsonl", "dataset": str(task), "system_prompt": None, "num_eval": 0,
+                 "num_train": 4 * a.prompts, "max_prompt_tokens": a.prompt_len + 8},
+        "reward": {"components": [{"name": "token_parity"}], "accuracy_component": "token_parity"},
+        "rollout": {"prompts_per_step": a.prompts, "group_size": a.group, "max_new_tokens": a.new_tokens},
+        "algo": {"preset": "grpo"},
+        "trainer": {"steps": a.steps, "lr": 1e-5, "bf16": True, "device": a.device, "seed": 0,
+                    "gradient_checkpointing": checkpointing, "micro_batch_tokens": a.micro_tokens},
+        "eval": {"at_start": False, "at_end": False},
+        "run": {"output_dir": str(workdir / "runs"), "name": variant, "progress": False, "checkpoint_every": 0},
+    }
+    if lora:
+        tree["model"] = {"lora": {"r": 16, "alpha": 32}}
+    cfg = build_config(tree)
+    model = build_model(shape)
+    stages = build_stages(cfg, model=model, tokenizer=tokenizer)
+    n = matmul_params(model)
+    cuda = stages.learner.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    result = train(cfg, stages=stages)
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    timed = [r for r in rows if "timing/train_s" in r][1:]  # step 1 is warm-up
+    batch_tokens = a.prompts * a.group * (a.prompt_len + sum(r["response_length/mean"] for r in timed) / len(timed))
+    train_s = sum(r["timing/train_s"] for r in timed) / len(timed)
+    generated = sum(r["tokens_per_s"] * r["timing/rollout_s"] for r in timed)
+    out = {"rollout_tok_s": generated / sum(r["timing/rollout_s"] for r in timed),
+           "train_tok_s": batch_tokens / train_s,
+           "mfu": 6 * n * batch_tokens / train_s / (a.peak_tflops * 1e12),
+           "step_s": sum(r["timing/step_s"] for r in timed) / len(timed),
+           "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")}
+    del stages, model
+    if cuda:
+        torch.cuda.empty_cache()
+    return out
 
 
 def main() -> None:
+    REWARD_FNS.register("token_parity", "benchmark reward: parity of the completion's id sum")(token_parity)
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--micro-tokens", type=int, default=65536)
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--shapes", default="0.5B,1.5B")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--device", default="auto")
     ap.add_argument("--out")
     a = ap.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    lines = [f"device: {name}; {a.prompts} prompts × {a.group} samples, prompt {a.prompt_len}, "
-             f"up to {a.new_tokens} new tokens, bf16", "",
-             "| model | rollout tok/s | train tok/s (separate) | train tok/s (shared prompt) | MFU separate | MFU shared |",
-             "|---|---|---|---|---|---|"]
-    for shape in a.shapes.split(","):
-        r = bench(shape, a, device)
-        lines.append(f"| {shape} | {r['rollout_tok_s']:.0f} | {r['train_tok_s_separate']:.0f} | "
-                     f"{r['train_tok_s_shared']:.0f} | {r['mfu_separate']:.1%} | {r['mfu_shared']:.1%} |")
-        print(lines[-1], flush=True)
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() and a.device != "cpu" else "cpu"
+    lines = [f"device: {name}; the real lmrl loop, GRPO, {a.prompts} prompts × {a.group} samples, prompt "
+             f"{a.prompt_len} tokens, {a.new_tokens} new tokens, bf16 autocast over fp32 master weights, "
+             f"hf engine; mean of steps 2–{a.steps}", "",
+             "| model | variant | rollout tok/s | train tok/s | update MFU | step s | peak GiB |",
+             "|---|---|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape in a.shapes.split(","):
+            for variant in a.variants.split(","):
+                r = run_variant(shape, variant, a, Path(tmp) / f"{shape}-{variant}")
+                lines.append(f"| {shape} | {variant} | {r['rollout_tok_s']:.0f} | {r['train_tok_s']:.0f} | "
+                             f"{r['mfu']:.1%} | {r['step_s']:.1f} | {r['peak_gib']:.1f} |")
+                print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+        Path(a.out).write_text(text)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`lmrl train | eval | list | report | models | serve`: the command line."""
+"""`lmrl train | eval | export | list | report | models | serve`: the command line."""
 from __future__ import annotations
 
 import argparse
@@ -129,6 +129,24 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    """A run's checkpoint as a plain transformers directory, LoRA adapters merged into the weights."""
+    from lmrl.learners.checkpoint import list_checkpoints
+    from lmrl.models.lora import export_merged
+
+    cfg = load_run_config(Path(args.run))
+    found = list_checkpoints(Path(args.run) / "checkpoints")
+    if not found:
+        raise ConfigError(f"{args.run} has no complete checkpoint to export")
+    by_step = {int(p.name.split("-")[1]): p for p in found}
+    step = max(by_step) if args.step is None else args.step
+    if step not in by_step:
+        raise ConfigError(f"{args.run} has no checkpoint at step {step}; it has steps {sorted(by_step)}")
+    out = export_merged(by_step[step] / "model", cfg.model.path, cfg.model.lora, Path(args.merge))
+    console.print(f"exported step {step} of {args.run} to {out}", soft_wrap=True, highlight=False)
+    return 0
+
+
 def cmd_report(args) -> int:
     from lmrl.eval.report import write_report
 
@@ -174,6 +192,12 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--samples", type=int, default=1, help="sampled completions per prompt for pass@k")
     e.add_argument("--k", default="[1]", help="pass@k values, e.g. [1,4]")
     e.set_defaults(fn=cmd_eval)
+    x = sub.add_parser("export", help="write a run's checkpoint as a transformers model directory (LoRA merged)")
+    x.add_argument("run", help="run directory, e.g. runs/quickstart-...")
+    x.add_argument("--step", type=int, help="checkpoint step (default: the latest complete checkpoint)")
+    x.add_argument("--merge", required=True, metavar="OUT_DIR",
+                   help="new directory for the merged model (weights, config, tokenizer)")
+    x.set_defaults(fn=cmd_export)
     ls = sub.add_parser("list", help="what is registered")
     ls.add_argument("what", choices=["algos", "recipes", *REGISTRY_KINDS])
     ls.set_defaults(fn=cmd_list)
@@ -200,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError, ValueError, KeyError) as err:
+    except (ConfigError, FileNotFoundError, FileExistsError, ValueError, KeyError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         console.print(f"[red]error:[/red] {escape(str(message))}", soft_wrap=True, highlight=False)
         return 2

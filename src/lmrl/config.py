@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from lmrl.presets import PRESETS
 
@@ -27,8 +27,18 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class LoraConfig(Section):
+    """LoRA adapters through peft (docs/lora.md): only the adapters train; the base stays frozen."""
+
+    r: int = Field(16, ge=1)  # adapter rank
+    alpha: float = Field(32.0, gt=0)  # scale alpha / r on the adapter's output
+    dropout: float = Field(0.0, ge=0, lt=1)  # dropout on the adapter's input
+    target_modules: str | list[str] = "all-linear"  # "all-linear" (every linear layer but the head) or module names
+
+
 class ModelConfig(Section):
     path: str = "default"  # "default" (embedded SmolLM2), a transformers directory, a .gguf file, or a hub id
+    lora: LoraConfig | None = None  # None: full fine-tuning; {} for the defaults (r 16, alpha 32, all-linear)
 
 
 class TaskConfig(Section):
@@ -71,14 +81,24 @@ class RewardConfig(Section):
     accuracy_component: str = "answer"  # the component reported as accuracy (1.0 = correct)
 
 
+class VllmEngineConfig(Section):
+    """Settings of `rollout.engine: vllm` (docs/engines.md); the other engines ignore them."""
+    max_model_len: int | None = Field(None, ge=1)  # None: task.max_prompt_tokens + the longest generation budget
+    kv_cache_gib: float | None = Field(None, gt=0)  # None: CPU, room for a step's rows (≤ 2 GiB); CUDA, from the next
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)  # CUDA: share of GPU memory vLLM takes beside the learner
+    enforce_eager: bool = True  # no CUDA graphs / torch.compile: quick start; false pays off on long GPU runs
+    sleep_during_update: bool = False  # CUDA: offload vLLM's weights and drop its KV cache between rollouts
+
+
 class RolloutConfig(Section):
-    engine: str = "hf"
+    engine: str = "hf"  # hf | vllm (docs/engines.md)
     prompts_per_step: int = Field(8, ge=1)
     group_size: int = Field(8, ge=1)
     max_new_tokens: int = Field(48, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
+    vllm: VllmEngineConfig = Field(default_factory=VllmEngineConfig)
 
 
 class DataConfig(Section):
@@ -132,6 +152,9 @@ class TrainerConfig(Section):
     seed: int = 0
     # CPU threads: "auto" = the cores other processes leave idle, chosen before each step (docs/performance.md)
     threads: int | Literal["auto"] = Field("auto")
+    # where the policy, reference, value head and optimiser live: auto = CUDA when available (docs/devices.md)
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    gradient_checkpointing: bool = False  # recompute layer activations in backward: less memory, ~30% more time
 
 
 class EvalConfig(Section):
@@ -156,6 +179,28 @@ class RunConfig(Section):
     trackers: list[str] = Field(default_factory=list)
 
 
+class EnvConfig(Section):
+    """A multi-turn environment (docs/environments.md): episodes of policy turns and observations, trained
+    token-in-token-out. Without `name` the task is single-turn (one completion per prompt)."""
+
+    name: str | None = None  # registered environment (tool_use, bandit) or your own `file.py:Class`
+    params: dict[str, Any] = Field(default_factory=dict)  # the environment's own knobs
+    max_turns: int = Field(8, ge=1)  # policy turns per episode; an episode still going then is truncated
+    max_episode_tokens: int = Field(1024, ge=1)  # tokens after the prompt (policy + environment); beyond: truncated
+    step_timeout_s: float = Field(30.0, gt=0)  # a reset/step taking longer excludes the episode
+    concurrency: int = Field(8, ge=1)  # environment steps run at once (threads) within a turn round
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str | None) -> str | None:
+        if name is not None:
+            from lmrl.envs.environment import ENVIRONMENTS  # the registry imports torch
+
+            if name not in ENVIRONMENTS:
+                raise ValueError(ENVIRONMENTS.unknown_message(name))
+        return name
+
+
 class Config(Section):
     recipe: str | None = None
     description: str = ""
@@ -168,6 +213,7 @@ class Config(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
 
     # dotted keys the preset filled in (build_config): with the field defaults, what the user did not choose
     _preset_filled: frozenset[str] = PrivateAttr(default=frozenset())
@@ -357,7 +403,9 @@ def config_to_yaml(cfg: Config) -> str:
 
 
 # Settings that may change when a run is resumed: extending it, where and how often it reports and saves.
-RESUMABLE = ("trainer.steps", "trainer.threads", "run.checkpoint_every", "run.keep_checkpoints", "run.progress", "run.trackers", "eval.")
+# Checkpoints are device-independent, so where and how memory-frugally the learner runs may change too.
+RESUMABLE = ("trainer.steps", "trainer.threads", "trainer.device", "trainer.gradient_checkpointing", "rollout.vllm.",
+             "run.checkpoint_every", "run.keep_checkpoints", "run.progress", "run.trackers", "eval.")
 
 
 def resumable(key: str) -> bool:

@@ -41,7 +41,8 @@ class Origin(Enum):
 
 @dataclass
 class Sample:
-    """One trajectory: prompt ids followed by everything generated after them."""
+    """One trajectory: prompt ids followed by everything generated after them (for a multi-turn episode,
+    every turn: the policy's tokens and the environment's, told apart by `loss_mask`)."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -53,6 +54,9 @@ class Sample:
     excluded: str | None = None  # why this sample is left out of the update (reward error, NaN, …)
     info: dict[str, Any] = field(default_factory=dict)
     origin: Origin = Origin.SAMPLED
+    # per completion token: 1 = the policy generated it (trained), 0 = an environment's token (context
+    # only, behaviour log-prob 0.0); None = every completion token is the policy's (single-turn)
+    loss_mask: list[int] | None = None
 
     @property
     def in_advantage(self) -> bool:
@@ -64,7 +68,8 @@ class Sample:
 
     @property
     def num_generated(self) -> int:
-        return len(self.completion_ids)
+        """Tokens the policy generated (an environment's tokens in a multi-turn episode do not count)."""
+        return len(self.completion_ids) if self.loss_mask is None else sum(self.loss_mask)
 
 
 @dataclass
@@ -141,7 +146,9 @@ class Batch:
 
 
 def collate(samples: list[Sample], group_index: list[int], pad_id: int) -> Batch:
-    """Right-pad samples into a Batch, with the completion mask aligned to next-token predictions."""
+    """Right-pad samples into a Batch, with the completion mask aligned to next-token predictions.
+
+    A sample's `loss_mask` (multi-turn episodes) zeroes the completion mask on environment tokens."""
     width = max(len(s.input_ids) for s in samples)
     n = len(samples)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -153,7 +160,7 @@ def collate(samples: list[Sample], group_index: list[int], pad_id: int) -> Batch
         ids[i, : len(seq)] = torch.tensor(seq)
         attn[i, : len(seq)] = 1
         start, end = len(s.prompt_ids) - 1, len(seq) - 1
-        cmask[i, start:end] = 1.0
+        cmask[i, start:end] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, dtype=torch.float)
         blp[i, start:end] = torch.tensor(s.behaviour_logprobs, dtype=torch.float)
     rewards = torch.tensor([float(s.reward) for s in samples])
     return Batch(ids, attn, cmask, blp, rewards, torch.tensor(group_index, dtype=torch.long))

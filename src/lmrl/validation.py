@@ -59,6 +59,14 @@ def _reward_names(cfg: Config) -> None:
                           f"reward.components ({', '.join(names)})")
 
 
+def _env_reward(cfg: Config) -> None:
+    """An environment's rewards reach training only through the `env` reward component."""
+    if cfg.env.name and "env" not in {c.name for c in cfg.reward.components}:
+        raise ConfigError(f"env.name={cfg.env.name!r} but reward.components has no `env` component, so the "
+                          "environment's rewards would not reach training: add it, e.g. "
+                          "\"reward.components=[{name: env}]\" reward.accuracy_component=env (weight 0 to only log it)")
+
+
 def _trackers(cfg: Config) -> None:
     """Trackers registered and their packages installed, before a run starts (eval/trackers.py)."""
     check_trackers(cfg.run.trackers)
@@ -266,7 +274,7 @@ def _method_rows(cfg: Config, rows: list[dict]) -> None:
 CONFIG_STAGES = ("names", "combinations")  # need no data: build_config runs them
 PIPELINE: list[tuple[str, Callable[..., None]]] = [
     ("names", _registered), ("names", _reward_names), ("names", _trackers),
-    ("combinations", _preset_clip_bounds), ("combinations", _preset_aggregation), ("combinations", _sequence_ratio),
+    ("combinations", _env_reward), ("combinations", _preset_clip_bounds), ("combinations", _preset_aggregation), ("combinations", _sequence_ratio),
     ("combinations", _kl_in_reward), ("combinations", _groups), ("combinations", _overlong),
     ("combinations", _peers), ("combinations", _demonstrations), ("combinations", _critic),
     ("combinations", _inputs), ("combinations", _knobs), ("combinations", _rejected_tokens),

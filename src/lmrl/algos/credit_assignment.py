@@ -1,4 +1,5 @@
-"""Advantage estimators that redistribute credit: over tokens (EqLen, P-GRPO, ResRL) or over samples (HARGO).
+"""Advantage estimators that redistribute credit: over tokens (EqLen, P-GRPO, ResRL), over samples (HARGO)
+or over the turns of multi-turn episodes (`turn_discounted`, docs/environments.md).
 
 EqLen, P-GRPO and ResRL take any registered estimator's advantages (`base`, GRPO by default; the
 remaining knobs go to it) and reweight them per token: by an equal-length cut of paired responses,
@@ -234,3 +235,57 @@ def resrl(token_rewards, group_index, mask, hidden=None, base: str = "grpo", pos
             groups_mixed |= rows
     scale = torch.where(groups_mixed & positive, torch.full_like(scores, positive_scale), torch.ones_like(scores))
     return adv * scale.unsqueeze(1) * weights * mask
+
+
+# --- per-turn credit of multi-turn episodes ------------------------------------------------------
+
+
+def turn_ids(mask: torch.Tensor) -> torch.Tensor:
+    """[B,T] index of the policy turn each token belongs to (runs of mask > 0, from 0), −1 elsewhere."""
+    on = mask > 0
+    starts = on & ~torch.cat([torch.zeros_like(on[:, :1]), on[:, :-1]], dim=1)
+    return torch.where(on, starts.long().cumsum(1) - 1, torch.full_like(on, -1, dtype=torch.long))
+
+
+def discounted_turn_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
+    """[B,J] G_j = Σ_{k≥j} γ^(k−j) r_k over each row's turns (rows 0-padded past their last turn)."""
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
+    for j in reversed(range(rewards.shape[1])):
+        running = rewards[:, j] + gamma * running
+        returns[:, j] = running
+    return returns
+
+
+@ADVANTAGES.register("turn_discounted", "per-turn rewards, discounted returns per turn, GRPO-normalised per turn "
+                     "index within the group", requires={"turn_rewards"}, group_relative=True)
+def turn_discounted(token_rewards, group_index, mask, turn_rewards=None, gamma: float = 1.0,
+                    norm_by_std: bool = True, eps: float = 1e-6, **_):
+    """Per-turn credit for multi-turn episodes (docs/environments.md). Confidence: lmrl's own design.
+
+    r_j: the environment's reward for policy turn j (`turn_rewards`); the rest of the sequence reward
+    R − Σ_j r_j (other components, e.g. the answer grader) is added to the last turn, so Σ_j r_j = R.
+    G_j = Σ_{k≥j} γ^(k−j) r_k (γ per turn, not per token). Every token of turn j gets
+    A = (G_j − mean G_j) / (std G_j + eps), mean and std over the episodes of its group that reach
+    turn j (as GRPO: a lone episode gets baseline 0, std 1). With γ = 1, all reward on the last turn
+    and equal turn counts this is GRPO.
+    """
+    per_turn = required("turn_rewards", turn_rewards).to(torch.float)
+    ids = turn_ids(mask)
+    counts = ids.max(dim=1).values + 1
+    width = max(int(counts.max()), 1)
+    rewards = torch.zeros((mask.shape[0], width))
+    cols = min(width, per_turn.shape[1])
+    rewards[:, :cols] = per_turn[:, :cols]
+    rewards = rewards * (torch.arange(width).unsqueeze(0) < counts.unsqueeze(1))
+    rows = torch.nonzero(counts > 0).squeeze(1)
+    residual = token_rewards.sum(dim=1).float() - rewards.sum(dim=1)
+    rewards[rows, counts[rows] - 1] += residual[rows]
+    returns = discounted_turn_returns(rewards, gamma)
+    advantages = torch.zeros_like(returns)
+    for j in range(width):
+        has = counts > j
+        mean, std = group_mean_std(returns[has, j], group_index[has])
+        centred = returns[has, j] - mean
+        advantages[has, j] = centred / (std + eps) if norm_by_std else centred
+    return advantages.gather(1, ids.clamp(min=0)) * mask

@@ -2,6 +2,7 @@
 from lmrl.engines.base import ENGINES, Completion, Engine, SamplingParams
 from lmrl.engines.build import build_engine, eos_ids, sampling_params
 from lmrl.engines.hf import HFEngine
+from lmrl.engines.vllm import VLLMEngine
 
-__all__ = ["ENGINES", "Completion", "Engine", "HFEngine", "SamplingParams", "build_engine", "eos_ids",
-           "sampling_params"]
+__all__ = ["ENGINES", "Completion", "Engine", "HFEngine", "SamplingParams", "VLLMEngine", "build_engine",
+           "eos_ids", "sampling_params"]

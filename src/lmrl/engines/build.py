@@ -18,10 +18,16 @@ def eos_ids(tokenizer, model) -> list[int]:
 
 
 def build_engine(cfg: Config, model, tokenizer):
-    """The rollout engine `rollout.engine` over `model`, stopping at every EOS the model declares."""
+    """The rollout engine `rollout.engine` over `model`, stopping at every EOS the model declares.
+
+    An engine with settings of its own (context length, memory) reads them in its `from_config`.
+    """
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     bf16 = resolve_bf16(cfg.trainer.bf16, next(model.parameters()).device)
-    return ENGINES.get(cfg.rollout.engine)(model, eos_ids(tokenizer, model), pad, bf16=bf16)
+    engine = ENGINES.get(cfg.rollout.engine)
+    if hasattr(engine, "from_config"):
+        return engine.from_config(cfg, model, eos_ids(tokenizer, model), pad, bf16=bf16)
+    return engine(model, eos_ids(tokenizer, model), pad, bf16=bf16)
 
 
 def sampling_params(cfg: Config) -> SamplingParams:

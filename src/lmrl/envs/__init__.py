@@ -1,9 +1,13 @@
-"""Tasks and environments: single-turn datasets (reasoning-gym, JSONL, HF datasets)."""
+"""Tasks and environments: single-turn datasets (reasoning-gym, JSONL, HF datasets) and multi-turn
+environments (tool use, games; `ENVIRONMENTS`, docs/environments.md)."""
 from lmrl.envs.single_turn import (encode_prompt, encode_rows, expand_prompts, pooled, prompt_families,
                                    prompt_messages, rollout)
 from lmrl.envs.tasks import TASKS, TaskData, TaskError, load_task
 from lmrl.envs.prepare import prepare_data
+from lmrl.envs.environment import ENVIRONMENTS, Environment, Step, build_env
 import lmrl.envs.humaneval  # noqa: F401,E402  (registers the humaneval task)
+import lmrl.envs.tools, lmrl.envs.bandit, lmrl.envs.credit  # noqa: F401,E401,E402  (registers the environments)
 
-__all__ = ["TASKS", "TaskData", "TaskError", "encode_prompt", "encode_rows", "expand_prompts", "load_task", "pooled",
-           "prepare_data", "prompt_families", "prompt_messages", "rollout"]
+__all__ = ["ENVIRONMENTS", "Environment", "Step", "TASKS", "TaskData", "TaskError", "build_env", "encode_prompt",
+           "encode_rows", "expand_prompts", "load_task", "pooled", "prepare_data", "prompt_families", "prompt_messages",
+           "rollout"]

@@ -1,4 +1,6 @@
-"""The single-turn environment: a row becomes chat-templated prompt ids; one completion ends it."""
+"""The single-turn environment: a row becomes chat-templated prompt ids; one completion ends it.
+
+`rollout` also dispatches to the multi-turn episode runner when the run names an environment."""
 from __future__ import annotations
 
 from typing import Any
@@ -99,10 +101,19 @@ def _append_to_last_user(messages: list[dict[str, Any]], instruction: str) -> li
             for i, m in enumerate(messages)]
 
 
-def rollout(engine, tokenizer, rows: list[dict[str, Any]], n: int, params, generator=None) -> list:
-    """Generate `n` completions per row (one batched engine call) and wrap them as Groups of Samples."""
+def rollout(engine, tokenizer, rows: list[dict[str, Any]], n: int, params, generator=None, env=None) -> list:
+    """Generate `n` completions per row (one batched engine call) and wrap them as Groups of Samples.
+
+    With an `env` config naming an environment (`EnvConfig.name`), each row is instead played as `n`
+    multi-turn episodes (`lmrl.envs.episodes`, turn rounds batched across episodes)."""
     from lmrl.types import Group, Sample
 
+    if env is not None and env.name is not None:
+        from lmrl.envs.environment import build_env
+        from lmrl.envs.episodes import Limits, run_episodes
+
+        limits = Limits(env.max_turns, env.max_episode_tokens, env.step_timeout_s, env.concurrency)
+        return run_episodes(engine, tokenizer, rows, n, params, build_env(env.name, env.params), limits, generator)
     completions = engine.generate([r["prompt_ids"] for r in rows], n, params, generator)
     groups = []
     for row, outs in zip(rows, completions):

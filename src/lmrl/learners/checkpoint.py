@@ -1,8 +1,10 @@
 """Atomic checkpoints: a directory written under a temporary name, then renamed into place.
 
-Holds transformers-loadable safetensors weights, the optimiser and scheduler, the learner's own
-modules besides the policy (e.g. a value head, in `modules.safetensors`), and a JSON/pickle state
-(step, sampler, RNG) so that `--resume` reproduces an uninterrupted run exactly.
+Holds transformers-loadable safetensors weights (for a LoRA run, peft's adapter files instead), the
+optimiser and scheduler, the learner's own modules besides the policy (e.g. a value head, in
+`modules.safetensors`), and a JSON/pickle state (step, sampler, RNG) so that `--resume` reproduces
+an uninterrupted run exactly. Checkpoints are device-independent: everything loads onto the CPU
+first and is then copied into the (possibly CUDA) parameters and optimiser state.
 """
 from __future__ import annotations
 
@@ -17,24 +19,35 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from lmrl.models.lora import ADAPTER_FILE, load_adapter
+from lmrl.models.weights import is_peft
+
 COMPLETE = "COMPLETE"
 
 
 def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:
-    return {
+    """Every random state a run draws from; the CUDA ones (dropout on the GPU) when CUDA is in use."""
+    state = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
         "generators": {k: g.get_state() for k, g in generators.items()},
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def restore_rng(state: dict[str, Any], generators: dict[str, torch.Generator]) -> None:
+    """Restore `rng_state`; CUDA states only where the same number of CUDA devices is visible."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     for k, g in generators.items():
         g.set_state(state["generators"][k])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def _module_tensors(modules: dict[str, torch.nn.Module]) -> dict[str, torch.Tensor]:
@@ -129,7 +142,38 @@ def _load_modules(path: Path, modules: dict[str, torch.nn.Module]) -> None:
 
 def load_checkpoint(path: Path, model, optimizer, scheduler,
                     modules: dict[str, torch.nn.Module] | None = None) -> dict[str, Any]:
-    """Restore weights (and `modules`), optimiser and scheduler in place; return the saved state dict."""
+    """Restore weights (and `modules`), optimiser and scheduler in place; return the saved state dict.
+
+    Tensors load onto the CPU and are copied into the model's parameters wherever they live;
+    `optimizer.load_state_dict` moves its state to its parameters' devices (so a run saved on a GPU
+    resumes on the CPU and back). A peft model gets its adapters back; its frozen base is its own.
+    """
+    if is_peft(model):
+        load_adapter(model, path / "model")
+    else:
+        _load_weights(path, model)
+    if modules:
+        _load_modules(path, modules)
+    optim = torch.load(path / "optim.pt", map_location="cpu", weights_only=False)
+    optimizer.load_state_dict(_with_kernels_of(optimizer, optim["optimizer"]))
+    scheduler.load_state_dict(optim["scheduler"])
+    return torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+
+
+def _with_kernels_of(optimizer, saved: dict[str, Any]) -> dict[str, Any]:
+    """`saved` with the kernel choice (fused, foreach, capturable) of this process's optimizer, which
+    depends on where its parameters are now, not where the checkpoint was written; fused AdamW's step
+    counters then move onto the parameters' device as it expects."""
+    kernel_keys = ("fused", "foreach", "capturable")
+    groups = [{**group, **{k: now[k] for k in kernel_keys if k in now}}
+              for group, now in zip(saved["param_groups"], optimizer.param_groups)]
+    return {**saved, "param_groups": groups}
+
+
+def _load_weights(path: Path, model) -> None:
+    if (path / "model" / ADAPTER_FILE).exists():
+        raise RuntimeError(f"checkpoint {path} holds LoRA adapters but the model has none (set model.lora as the "
+                           "run that saved it did)")
     weights: dict[str, torch.Tensor] = {}
     for f in sorted((path / "model").glob("*.safetensors")):
         weights.update(load_file(str(f)))
@@ -137,9 +181,3 @@ def load_checkpoint(path: Path, model, optimizer, scheduler,
     tied = {k for k in missing if "lm_head" in k and getattr(model.config, "tie_word_embeddings", False)}
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"checkpoint {path} does not match the model (missing {missing}, unexpected {unexpected})")
-    if modules:
-        _load_modules(path, modules)
-    optim = torch.load(path / "optim.pt", weights_only=False)
-    optimizer.load_state_dict(optim["optimizer"])
-    scheduler.load_state_dict(optim["scheduler"])
-    return torch.load(path / "state.pt", weights_only=False)

@@ -5,6 +5,10 @@ It is blind to the algorithm: it asks it to prepare advantages and to score micr
 log-probs, the packed forward can give the model outputs an algorithm declares (`MODEL_OUTPUTS`:
 value-head values, hidden states, exact token entropies) at the generated positions; the value
 head is a `Linear(hidden, 1)` the learner owns when asked for a critic.
+
+It runs on whatever device the model's parameters are on (docs/devices.md): the value head, the
+reference and the optimiser state follow them; batches stay on the CPU and each micro-batch is
+moved over. For a peft LoRA model the reference is the same model with its adapters disabled.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from lmrl.algos.inputs import MODEL_OUTPUTS
 from lmrl.algos.losses import LossInputs
 from lmrl.config import TrainerConfig
 from lmrl.learners.packing import budget_units, fill_budget, pack, prompt_units
+from lmrl.models.weights import is_peft
 from lmrl.types import Batch
 
 
@@ -35,10 +40,11 @@ def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, with_entropy:
 
 class Learner:
     """Policy (and frozen reference, when the algorithm needs one; and a value head, when it trains a
-    critic) with AdamW, in one process.
+    critic) with AdamW, in one process, on the device of the model's parameters.
 
     `critic_lr` is the value head's learning rate; with `critic_shares_trunk` the value loss also
-    reaches the policy's layers, otherwise the head reads detached hidden states.
+    reaches the policy's layers, otherwise the head reads detached hidden states. The reference is
+    a frozen copy of the model, or for a peft model the model itself with its adapters disabled.
     """
 
     def __init__(self, model, cfg: TrainerConfig, temperature: float = 1.0, needs_reference: bool = False,
@@ -47,7 +53,11 @@ class Learner:
         self.bf16 = bf16
         self.cfg = cfg
         self.temperature = temperature
-        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if needs_reference else None
+        self.needs_reference = needs_reference
+        copied = needs_reference and not is_peft(model)
+        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if copied else None
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.value_head = None
         self.critic_shares_trunk = critic_shares_trunk
         params = [p for p in model.parameters() if p.requires_grad]
@@ -57,7 +67,8 @@ class Learner:
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
             groups.append({"params": list(self.value_head.parameters()), "lr": critic_lr, "weight_decay": 0.0})
-        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+                                           **_adamw_kernel([p for g in groups for p in g["params"]]))
         warmup = cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
@@ -104,7 +115,7 @@ class Learner:
         with self._autocast():
             out = model.get_decoder()(
                 input_ids=packed.input_ids.to(self.device), attention_mask=packed.attention_mask.to(self.device),
-                position_ids=packed.position_ids.to(self.device), output_hidden_states=layer_states)
+                position_ids=packed.position_ids.to(self.device), output_hidden_states=layer_states, use_cache=False)
             where = (packed.src_row.to(self.device), packed.src_pos.to(self.device))
             selected = out.last_hidden_state[where]
             logits = model.get_output_embeddings()(selected)
@@ -134,27 +145,41 @@ class Learner:
     def model_outputs(self, batch: Batch, outputs: set[str], hidden_layer: int = -1) -> dict[str, torch.Tensor]:
         """No-grad model outputs (see `forward_logprobs`) of every row, micro-batched, on the CPU."""
         full: dict[str, torch.Tensor] = {}
-        for micro_rows in self.micro_batches(batch):
-            got = self.forward_logprobs(self.model, batch.select(micro_rows), with_entropy=False,
-                                        outputs=outputs, hidden_layer=hidden_layer)
-            for name in outputs:
-                value = got[name].cpu()
-                if name not in full:
-                    full[name] = torch.zeros(batch.completion_mask.shape + value.shape[2:], dtype=value.dtype)
-                full[name][micro_rows, : value.shape[1]] = value
+        with _evaluating(self.model):
+            for micro_rows in self.micro_batches(batch):
+                got = self.forward_logprobs(self.model, batch.select(micro_rows), with_entropy=False,
+                                            outputs=outputs, hidden_layer=hidden_layer)
+                for name in outputs:
+                    value = got[name].cpu()
+                    if name not in full:
+                        full[name] = torch.zeros(batch.completion_mask.shape + value.shape[2:], dtype=value.dtype)
+                    full[name][micro_rows, : value.shape[1]] = value
         return full
 
     @torch.no_grad()
     def logprobs(self, batch: Batch, reference: bool = False, rows: list[int] | None = None) -> torch.Tensor:
-        """No-grad log-probs (for old or reference policies) of `rows` (default all), micro-batched."""
-        model = self.reference if reference else self.model
+        """No-grad log-probs (for old or reference policies) of `rows` (default all), micro-batched, on the CPU.
+
+        Computed in eval mode (no dropout), like the engine's behaviour log-probs.
+        """
+        model, context = self._reference() if reference else (self.model, contextlib.nullcontext())
         out = torch.zeros_like(batch.completion_mask)
         sub = batch if rows is None else batch.select(rows)
         targets = list(range(batch.num_rows)) if rows is None else rows
-        for micro_rows in self.micro_batches(sub) if sub.num_rows else []:
-            logp = self.forward_logprobs(model, sub.select(micro_rows), with_entropy=False)["logp"]
-            out[[targets[r] for r in micro_rows], : logp.shape[1]] = logp.cpu()
+        with _evaluating(model), context:
+            for micro_rows in self.micro_batches(sub) if sub.num_rows else []:
+                logp = self.forward_logprobs(model, sub.select(micro_rows), with_entropy=False)["logp"]
+                out[[targets[r] for r in micro_rows], : logp.shape[1]] = logp.cpu()
         return out
+
+    def _reference(self):
+        """The reference policy's module and the context it runs under: the frozen copy, or (peft) the
+        policy with its adapters disabled, which is exactly the base model."""
+        if not self.needs_reference:
+            raise ValueError("reference log-probs were asked for but this learner has none (needs_reference=False)")
+        if self.reference is not None:
+            return self.reference, contextlib.nullcontext()
+        return self.model, self.model.disable_adapter()
 
     def update(self, batch: Batch, algorithm, step_scheduler: bool = True) -> dict[str, float]:
         """Optimise the policy on one prepared batch; returns averaged metrics.
@@ -234,7 +259,8 @@ class Learner:
             mask=mask,
             ref_logp=ref.to(logp.device) if ref is not None else None,
             entropy=entropy,
-            extras={**{k: torch.as_tensor(v) for k, v in micro.context.items() if isinstance(v, (int, float))},
+            extras={**{k: torch.as_tensor(v, device=logp.device) for k, v in micro.context.items()
+                       if isinstance(v, (int, float))},
                     **{k: v.to(logp.device) for k, v in {**micro.extras, **micro.row_extras}.items()}, **outputs},
         )
         loss, metrics = algorithm.objective(inputs, scale)
@@ -263,6 +289,24 @@ class Learner:
         params = [p for p in parameters if p.grad is not None]
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+
+def _adamw_kernel(params: list[torch.Tensor]) -> dict[str, bool]:
+    """Fused AdamW (one kernel for every tensor) when all parameters are on CUDA; multi-tensor elsewhere."""
+    if params and all(p.is_cuda for p in params):
+        return {"fused": True}
+    return {"foreach": True}
+
+
+@contextlib.contextmanager
+def _evaluating(model):
+    """Eval mode (no dropout) for a no-grad pass, restoring the previous mode after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def _approx_entropy(logp: torch.Tensor, mask: torch.Tensor) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import mean
 
 from lmrl.config import Config, ConfigError, check_resume_config, load_run_config
 from lmrl.data import InputContext
@@ -51,7 +52,7 @@ def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float
     batches = 0
     while len(kept) < prompts and (s.cfg.data.max_gen_batches == 0 or batches < s.cfg.data.max_gen_batches):
         rows = s.sampler.next_prompts(prompts)
-        groups = rollout(s.engine, s.tokenizer, expand_prompts(rows), n, s.params, s.generator)
+        groups = rollout(s.engine, s.tokenizer, expand_prompts(rows), n, s.params, s.generator, s.cfg.env)
         for k, v in s.scorer.score(groups).items():
             metrics[k] = metrics.get(k, 0.0) + v
         seen += groups
@@ -78,6 +79,8 @@ def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, f
         "entropy/rollout": -sum(sum(x.behaviour_logprobs) for x in samples) / max(sum(lengths), 1),
     }
     out.update(gaming_metrics(scored, accuracy_component))  # rewarded answers that restate the question
+    for name in sorted({k for x in samples for k in x.info.get("metrics", {})}):  # rollout's own (envs)
+        out[name] = mean([x.info["metrics"][name] for x in samples if name in x.info.get("metrics", {})])
     names = {k for x in scored for k in x.rewards}
     for name in sorted(names):
         out[f"reward/{name}"] = sum(x.rewards.get(name, 0.0) for x in scored) / len(scored)
@@ -185,6 +188,8 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                         replayed = s.learner.update(extra, s.algorithm, step_scheduler=False)
                         metrics.update({f"replay/{k}": v for k, v in replayed.items()})
                     s.engine.update_weights(None, step)
+                    if hasattr(s.engine, "last_sync_seconds"):  # an engine holding its own copy of the weights
+                        metrics["timing/weight_sync_s"] = s.engine.last_sync_seconds
                 else:
                     metrics["skipped_updates"] = 1.0
                 t_train = time.perf_counter() - t1

@@ -5,6 +5,7 @@ import lmrl.rewards.judges  # noqa: F401  (registers the judge rewards)
 import lmrl.rewards.code  # noqa: F401  (registers code_tests)
 import lmrl.rewards.group, lmrl.rewards.novelty  # noqa: F401,E401  (registers the group rewards)
 import lmrl.rewards.shaped, lmrl.rewards.aggregations  # noqa: F401,E401  (registers shaped rewards and aggregations)
+import lmrl.rewards.env_reward  # noqa: F401,E402  (registers the env reward)
 
 __all__ = ["GROUP_REWARD_FNS", "REWARD_AGGREGATIONS", "REWARD_FNS", "RewardScorer", "answers_match",
            "extract_answer", "find_component"]

@@ -1,0 +1,105 @@
+"""The shipped environments (tool use, bandit) and per-turn credit (`turn_discounted`), by hand."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmrl.algos import ADVANTAGES
+from lmrl.envs.bandit import BanditEnv, strategy_metrics
+from lmrl.envs.credit import turn_reward_row
+from lmrl.envs.tools import ToolError, ToolUseEnv, calculate, parse_call
+from lmrl.types import Sample
+
+
+def test_calculator_evaluates_arithmetic_and_nothing_else():
+    assert calculate("123 * 456") == 56088
+    assert calculate("(2 + 3) * -4 / 8") == -2.5
+    assert calculate("7 // 2 + 7 % 2 + 2 ** 10") == 1028
+    for bad in ("__import__('os').system('true')", "x + 1", "[1] * 3", "2 ** 10 ** 10", "1 / 0", "9" * 300):
+        with pytest.raises(ToolError):
+            calculate(bad)
+
+
+def test_tool_calls_are_parsed_strictly():
+    assert parse_call('{"name": "calculator", "arguments": {"expression": "1+1"}}', ["calculator"]) == \
+        ("calculator", {"expression": "1+1"})
+    for bad in ('{"name": "calculator"', '{"name": "shell", "arguments": {"cmd": "ls"}}',
+                '{"name": "calculator", "arguments": {"expr": "1"}}', '["calculator"]'):
+        with pytest.raises(ToolError):
+            parse_call(bad, ["calculator"])
+
+
+def test_tool_env_answers_calls_rewards_format_and_ends_on_a_final_reply():
+    env = ToolUseEnv(tools=["calculator"])
+    messages, state = env.reset({"question": "What is 12 * 34?"}, 0)
+    assert [m["role"] for m in messages] == ["system", "user"] and "<tool_call>" in messages[0]["content"]
+    step = env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}</tool_call>', state)
+    assert step.observation == [{"role": "tool", "content": "408"}] and step.reward == 0.1 and not step.done
+    step = env.step("<tool_call>{oops}</tool_call>", state)
+    assert step.observation[0]["content"].startswith("error: the call is not valid JSON") and step.reward == -0.1
+    step = env.step("<tool_call>never closed", state)
+    assert step.reward == -0.1 and not step.done
+    step = env.step("12 * 34 = 408. Answer: 408", state)
+    assert step.done and step.observation is None and step.reward == 0.0
+    assert step.info["metrics"] == {"env/tool_calls": 3.0, "env/tool_call_errors": 2.0, "env/tool_timeouts": 0.0}
+
+
+def test_python_tool_runs_in_the_sandbox_and_a_timeout_is_an_error_observation():
+    env = ToolUseEnv(tools=["python"], tool_timeout_s=1.0)
+    _, state = env.reset({"question": "q"}, 0)
+    step = env.step('<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>', state)
+    assert step.observation[0]["content"].strip() == "42"
+    step = env.step('<tool_call>{"name": "python", "arguments": {"code": "while True: pass"}}</tool_call>', state)
+    assert step.observation[0]["content"].startswith("error (timeout)") and not step.done
+    assert step.info["metrics"]["env/tool_timeouts"] == 1.0
+
+
+def test_bandit_arms_swap_at_the_reversal_and_pay_per_round():
+    env = BanditEnv(rounds=6, p_good=1.0, p_bad=0.0, min_reversal=2)
+    _, state = env.reset({}, seed=3)
+    good, reversal = state["good"], state["reversal"]
+    other = {"a": "b", "b": "a"}[good]
+    rewards = [env.step(good, state).reward for _ in range(6)]
+    assert rewards == [1.0] * reversal + [0.0] * (6 - reversal)
+    _, state = env.reset({}, seed=3)
+    steps = [env.step(f"arm {other}", state) for _ in range(6)]
+    assert [s.reward for s in steps] == [0.0] * reversal + [1.0] * (6 - reversal)
+    assert steps[-1].done and not steps[0].done and steps[0].observation[0]["role"] == "user"
+
+
+def test_win_stay_and_lose_shift_by_hand():
+    history = [("a", True, True), ("a", False, True), ("b", False, False), ("b", True, False), (None, False, False)]
+    m = strategy_metrics(history)
+    # pairs with both arms valid: (a win -> a: stay), (a loss -> b: shift), (b loss -> b: no shift)
+    assert m["env/win_stay"] == 1.0 and m["env/lose_shift"] == 0.5
+    assert m["env/better_arm"] == 0.4 and m["env/invalid"] == 0.2
+
+
+def test_turn_discounted_by_hand_on_three_turns():
+    # one row: turns of 2, 1 and 2 policy tokens with environment tokens between them
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0, 1, 1, 0]], dtype=torch.float)
+    mask = torch.cat([mask, mask])
+    turn_rewards = torch.tensor([[1.0, 0.0, 2.0], [0.0, 1.0, 0.0]])
+    token_rewards = torch.zeros_like(mask)
+    token_rewards[0, 7], token_rewards[1, 7] = 3.5, 1.0  # sequence rewards: env 3 + answer 0.5, env 1 + 0
+    adv = ADVANTAGES.get("turn_discounted")(token_rewards, torch.tensor([0, 0]), mask,
+                                            turn_rewards=turn_rewards, gamma=0.5, norm_by_std=False)
+    # row 0: r = [1, 0, 2.5] -> G = [1 + 0.5*(0 + 0.5*2.5), 0 + 0.5*2.5, 2.5] = [1.625, 1.25, 2.5]
+    # row 1: r = [0, 1, 0]   -> G = [0.5, 1, 0]; per-turn group means: [1.0625, 1.125, 1.25]
+    expected0 = [0.5625, 0.5625, 0, 0, 0.125, 0, 1.25, 1.25, 0]
+    expected1 = [-0.5625, -0.5625, 0, 0, -0.125, 0, -1.25, -1.25, 0]
+    assert adv.tolist() == [pytest.approx(expected0), pytest.approx(expected1)]
+
+
+def test_turn_discounted_is_grpo_when_all_reward_comes_at_the_end():
+    mask = torch.tensor([[1, 0, 1, 1], [1, 1, 0, 1], [1, 0, 1, 0]], dtype=torch.float)
+    token_rewards = torch.zeros_like(mask)
+    token_rewards[0, 3], token_rewards[1, 3], token_rewards[2, 2] = 1.0, 0.0, 0.5
+    group = torch.tensor([0, 0, 0])
+    turn = ADVANTAGES.get("turn_discounted")(token_rewards, group, mask, turn_rewards=torch.zeros(3, 2))
+    assert torch.allclose(turn, ADVANTAGES.get("grpo")(token_rewards, group, mask))
+
+
+def test_turn_rewards_skip_turns_without_tokens():
+    x = Sample([1], [2], [0.0], info={"turn_rewards": [1.0, 2.0, 3.0], "turn_lengths": [2, 0, 1]})
+    assert turn_reward_row(x) == [1.0, 3.0]
