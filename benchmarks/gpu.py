@@ -79,6 +79,7 @@ def write_task(path: Path, vocab_size: int, prompt_len: int, rows: int) -> Path:
 
 def run_variant(shape: str, variant: str, a, workdir: Path) -> dict[str, float]:
     lora, checkpointing = VARIANTS[variant]
+    workdir.mkdir(parents=True, exist_ok=True)
     tokenizer = word_tokenizer(SHAPES[shape]["vocab_size"])
     task = write_task(workdir / "task.jsonl", SHAPES[shape]["vocab_size"], a.prompt_len, 4 * a.prompts)
     tree = {

@@ -6,8 +6,9 @@ turn round for all live episodes, with a short user message between turns) again
 completions of T × M tokens (one engine call). End-of-sequence is disabled on both sides so every
 turn runs its full length. Timed rounds alternate the two sides (after one untimed warm-up each), so
 drifts of a shared machine hit both alike. The ratio multi-turn / single-turn tokens/s is what a
-multi-turn run loses to its extra prefills (each turn re-reads its whole episode so far: the hf
-engine keeps no cache between calls) and the environment's own work.
+multi-turn run loses to its extra prefills (with the hf engine each turn re-reads its whole episode
+so far: it keeps no cache between calls; vLLM's prefix cache keeps the episode's KV, `--engine vllm`)
+and the environment's own work.
 
     .venv/bin/python benchmarks/multi_turn.py                          # tiny random model
     .venv/bin/python benchmarks/multi_turn.py --model default --out docs/environments_result.md
@@ -77,12 +78,20 @@ def main() -> None:
     ap.add_argument("--tokens-per-turn", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per side")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--engine", default="hf", choices=["hf", "vllm"],
+                    help="vllm keeps a prefix cache across calls, so a turn does not re-read its episode")
     ap.add_argument("--out", help="also write the result table to this markdown file")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, tok = load(args.model)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    engine = ENGINES.get("hf")(model, [len(tok) + 10], pad)  # an id never sampled: every turn runs full length
+    never: list[int] = []  # no EOS id: every turn runs its full length
+    if args.engine == "vllm":
+        context = 2 * args.turns * args.tokens_per_turn + 64 * args.turns + 128  # turns, observations, opening
+        context = min(context, model.config.max_position_embeddings)
+        engine = ENGINES.get("vllm")(model, never, pad, max_model_len=context, kv_rows=args.episodes)
+    else:
+        engine = ENGINES.get("hf")(model, never, pad)
     rows = [{"uid": f"r{i}", "question": QUESTION, "answer": ""} for i in range(args.episodes)]
     prompt = encode_opening(tok, [{"role": "user", "content": QUESTION}])
     env = Chatty(args.turns)
@@ -113,7 +122,7 @@ def main() -> None:
     rate = {k: tokens[k] / (sum(v) / len(v)) for k, v in times.items()}
     lines = [
         f"model: {args.model}; {args.episodes} episodes × {args.turns} turns × {args.tokens_per_turn} tokens "
-        f"(single-turn: {args.episodes} × {args.turns * args.tokens_per_turn} tokens); hf engine, fp32, "
+        f"(single-turn: {args.episodes} × {args.turns * args.tokens_per_turn} tokens); {args.engine} engine, fp32, "
         f"{args.threads} threads; CPU: {cpu_model()}; mean of {args.rounds} timed rounds after one warm-up",
         "",
         "| side | generated tokens | seconds (per round) | tokens/s |",
