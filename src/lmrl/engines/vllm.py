@@ -208,9 +208,10 @@ class VLLMEngine:
     def _push(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         start = time.perf_counter()
         self._wake(["weights"])
+        dtype = torch.bfloat16 if self.bf16 else torch.float32  # vLLM's own (it warns per weight otherwise)
+        cast = ((name, t.to(dtype) if t.is_floating_point() else t) for name, t in weights)
         with torch.no_grad():
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
-                                                              "is_checkpoint_format": True})
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
         self.last_sync_seconds = time.perf_counter() - start
 
