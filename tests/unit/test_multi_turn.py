@@ -8,7 +8,7 @@ import torch
 
 from conftest import make_tokenizer
 from lmrl.engines import ENGINES, Completion, SamplingParams
-from lmrl.envs import Step, build_env
+from lmrl.envs import Step, build_env, delayed_attribution
 from lmrl.envs.chat import TemplateError, encode_opening, observation_text
 from lmrl.envs.episodes import Limits, run_episodes
 from lmrl.models import tiny_llama
@@ -197,3 +197,51 @@ def test_an_environment_without_the_env_reward_is_a_config_error():
         load_config("quickstart", ["env.name=bandit"])
     cfg = load_config("quickstart", ["env.name=bandit", "reward.components=[{name: env}]", "reward.accuracy_component=env"])
     assert cfg.env.name == "bandit"
+
+
+class Attributed(Scripted):
+    """Three turns; the last step attributes a win (R = 1) with turn 2 invalid and turn 3 ineligible (§1.17)."""
+
+    def __init__(self, turn_rewards=None):
+        self.override = turn_rewards
+
+    def step(self, reply, state):
+        step = super().step(reply, state)
+        if step.done:
+            info = delayed_attribution(1.0, valid=[True, False, True], eligible=[True, True, False])
+            if self.override is not None:
+                info["turn_rewards"] = self.override
+            step.info = info
+        return step
+
+
+def test_delayed_attribution_with_eligibility_gating_by_hand(tok):
+    from lmrl.algos.credit_assignment import turn_discounted
+    from lmrl.envs.credit import turn_reward_row
+
+    engine = FixedEngine(tok("ab", add_special_tokens=False)["input_ids"], tok.eos_token_id)
+    groups = run_episodes(engine, tok, rows(3), 2, SamplingParams(), Attributed(), Limits())
+    x, y = groups[0].samples
+    assert x.info["turn_rewards"] == [1.0, -0.5, 1.0] and x.info["turn_eligible"] == [True, True, False]
+    assert x.info["env_return"] == 0.5  # the ineligible turn's reward leaves the return
+    assert turn_reward_row(x) == [1.0, -0.5]  # spec §1.17: rewards [1, −0.5, masked]
+    third = x.loss_mask[-3:]  # the last turn's 3 tokens ("ab" + EOS) are out of the loss
+    assert third == [0, 0, 0] and x.num_generated == 6
+    y.info["turn_rewards"], y.info["env_return"] = [1.0, 1.0, 1.0], 2.0  # as if y's turn 2 had been valid
+    x.reward, y.reward = 0.5, 2.0
+    batch = collate([x, y], [0, 0], tok.pad_token_id)
+    per_turn = torch.tensor([turn_reward_row(x), turn_reward_row(y)])  # [[1, -0.5], [1, 1]]
+    token_rewards = torch.zeros_like(batch.completion_mask)
+    token_rewards[:, 0] = torch.tensor([x.reward, y.reward])  # the sequence reward = the eligible turns' sum
+    adv = turn_discounted(token_rewards, batch.group_index, batch.completion_mask, turn_rewards=per_turn,
+                          gamma=0.0, norm_by_std=False)
+    mask = batch.completion_mask[0] > 0
+    assert adv[0][mask].tolist() == [0.0] * 3 + [-0.75] * 3  # turn 1: 1 − 1; turn 2: −0.5 − mean(−0.5, 1)
+    assert torch.all(adv[0][~mask] == 0)  # the ineligible third turn and the environment's tokens: no gradient
+
+
+def test_a_malformed_attribution_excludes_the_episode(tok):
+    engine = FixedEngine(tok("ab", add_special_tokens=False)["input_ids"], tok.eos_token_id)
+    groups = run_episodes(engine, tok, rows(3), 1, SamplingParams(), Attributed(turn_rewards=[1.0]), Limits())
+    x = groups[0].samples[0]
+    assert x.excluded is not None and "turn_rewards" in x.excluded and x.info["metrics"]["env/error"] == 1.0

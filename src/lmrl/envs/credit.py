@@ -15,10 +15,11 @@ from lmrl.types import Batch, Sample
 
 
 def turn_reward_row(sample: Sample) -> list[float]:
-    """The rewards of the sample's policy turns that hold tokens, in order (single-turn: none)."""
+    """The rewards of the sample's policy turns that hold tokens and are eligible (in the loss), in order."""
     rewards = sample.info.get("turn_rewards") or []
     lengths = sample.info.get("turn_lengths") or [1] * len(rewards)
-    return [r for r, n in zip(rewards, lengths) if n > 0]
+    eligible = sample.info.get("turn_eligible") or [True] * len(rewards)
+    return [r for r, n, ok in zip(rewards, lengths, eligible) if n > 0 and ok]
 
 
 @PROVIDERS.register("turn_rewards", "per-turn environment rewards [B, J] of multi-turn episodes (0-padded)",

@@ -16,6 +16,7 @@ run goes on. docs/environments.md describes the protocol and the conventions.
 """
 from __future__ import annotations
 
+import math
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ class Episode:
     turn_rewards: list[float] = field(default_factory=list)
     replies: list[str] = field(default_factory=list)
     turn_lengths: list[int] = field(default_factory=list)  # policy tokens of each turn
+    turn_starts: list[int] = field(default_factory=list)  # where each turn's tokens start in `ids`
+    eligible: list[bool] | None = None  # per turn, from the last step's info["turn_eligible"]; None: all
     last_token: int | None = None  # the last turn's final token when the turn ended itself (EOS)
     messages: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
@@ -64,13 +67,20 @@ class Episode:
             self.metrics[metric] = 1.0
 
     def to_sample(self) -> Sample:
+        """The episode as one Sample; an ineligible turn's tokens leave the loss and its reward the return."""
+        eligible = self.eligible or [True] * len(self.replies)
+        mask = list(self.mask)
+        for start, length, ok in zip(self.turn_starts, self.turn_lengths, eligible):
+            if not ok:
+                mask[start:start + length] = [0] * length
         info = {"text": self.replies[-1] if self.replies else "", "row": self.row, "turns": len(self.replies),
                 "turn_rewards": list(self.turn_rewards), "turn_lengths": list(self.turn_lengths),
-                "env_return": float(sum(self.turn_rewards)),
+                "turn_eligible": list(eligible),
+                "env_return": float(sum(r for r, ok in zip(self.turn_rewards, eligible) if ok)),
                 "messages": self.messages, "metrics": self.episode_metrics()}
         return Sample(prompt_ids=self.prompt_ids, completion_ids=self.ids, behaviour_logprobs=self.logprobs,
                       finish_reason=self.finish_reason, policy_version=self.versions, excluded=self.excluded,
-                      info=info, loss_mask=self.mask)
+                      info=info, loss_mask=mask)
 
     def episode_metrics(self) -> dict[str, float]:
         base = {"env/turns": float(len(self.replies)), "env/error": 0.0, "env/truncated_turns": 0.0,
@@ -166,6 +176,7 @@ def _append_turn(e: Episode, c, tokenizer, limits: Limits) -> bool:
     room = limits.max_episode_tokens - len(e.ids)
     ids, logprobs = c.token_ids[:room], c.logprobs[:room]
     versions = (c.policy_version or [0] * len(c.token_ids))[:room]
+    e.turn_starts.append(len(e.ids))
     e.ids += ids
     e.mask += [1] * len(ids)
     e.logprobs += logprobs
@@ -181,6 +192,22 @@ def _append_turn(e: Episode, c, tokenizer, limits: Limits) -> bool:
     return True
 
 
+def _attribute(e: Episode, info: dict[str, Any]) -> None:
+    """The last step may re-attribute the episode's turns (`envs.attribution`): `info["turn_rewards"]`
+    replaces every turn's reward, `info["turn_eligible"]` takes turns out of the loss."""
+    turns = len(e.replies)
+    rewards, eligible = info.get("turn_rewards"), info.get("turn_eligible")
+    if rewards is not None:
+        if not isinstance(rewards, list) or len(rewards) != turns or not all(
+                isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) for r in rewards):
+            raise EnvError(f"info['turn_rewards'] must be {turns} finite numbers (one per turn), got {rewards!r:.80}")
+        e.turn_rewards = [float(r) for r in rewards]
+    if eligible is not None:
+        if not isinstance(eligible, list) or len(eligible) != turns or not all(isinstance(x, bool) for x in eligible):
+            raise EnvError(f"info['turn_eligible'] must be {turns} bools (one per turn), got {eligible!r:.80}")
+        e.eligible = list(eligible)
+
+
 def _answer(e: Episode, step, problem: str | None, tokenizer, limits: Limits) -> None:
     """Record the environment's answer to the episode's last turn, and append its observation."""
     try:
@@ -193,6 +220,11 @@ def _answer(e: Episode, step, problem: str | None, tokenizer, limits: Limits) ->
     e.turn_rewards.append(float(step.reward))
     e.metrics.update(step.info.get("metrics", {}))
     if step.done:
+        try:
+            _attribute(e, step.info)
+        except EnvError as err:
+            e.end(excluded=f"env step: {err}", metric="env/error")
+            return
         e.end()
         return
     if len(e.replies) >= limits.max_turns:
