@@ -79,3 +79,15 @@ def test_a_failing_environment_excludes_episodes_and_training_goes_on(tmp_path):
     assert len(rows) == 3
     assert all(0 < r["excluded"] < 1 and r["env/error"] == r["excluded"] for r in rows)
     assert sum(r.get("skipped_updates", 0.0) for r in rows) < 3
+
+
+def test_guessing_trains_end_to_end(tmp_path):
+    cfg = toy_run_config(tmp_path, 2, task={"name": "guessing", "params": {"low": 1, "high": 9, "max_guesses": 3}},
+                         env={"name": "guessing", "params": {"low": 1, "high": 9, "max_guesses": 3}},
+                         reward={"components": [{"name": "env"}], "accuracy_component": "env"},
+                         rollout={"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4})
+    rows = steps_of(run(cfg))
+    assert len(rows) == 2
+    for r in rows:
+        assert 1.0 <= r["env/turns"] <= 3.0 and r["env/error"] == 0.0 and "env/solved" in r and "env/invalid" in r
+        assert r["excluded"] == 0.0

@@ -1,4 +1,4 @@
-"""The shipped environments (tool use, bandit) and per-turn credit (`turn_discounted`), by hand."""
+"""The shipped environments (tool use, bandit, guessing) and per-turn credit (`turn_discounted`), by hand."""
 from __future__ import annotations
 
 import pytest
@@ -103,3 +103,35 @@ def test_turn_discounted_is_grpo_when_all_reward_comes_at_the_end():
 def test_turn_rewards_skip_turns_without_tokens():
     x = Sample([1], [2], [0.0], info={"turn_rewards": [1.0, 2.0, 3.0], "turn_lengths": [2, 0, 1]})
     assert turn_reward_row(x) == [1.0, 3.0]
+
+
+def test_guessing_game_by_hand():
+    from lmrl.envs.guessing import GuessingEnv
+
+    env = GuessingEnv(low=1, high=100, max_guesses=7)
+    messages, state = env.reset({}, seed=3)
+    secret = state["secret"]
+    assert "1 to 100" in messages[0]["content"] and 1 <= secret <= 100
+    first = 50 if secret != 50 else 49
+    step = env.step(f"I guess {first}", state)
+    assert step.observation[0]["content"].startswith("Higher." if first < secret else "Lower.") and step.reward == 0.0
+    wrong_side = 1 if first < secret else 100  # outside what the feedback allows
+    assert wrong_side != secret
+    step = env.step(str(wrong_side), state)
+    assert not step.done and step.info["metrics"]["env/consistent"] == 0.5
+    step = env.step("no idea", state)
+    assert step.reward == -0.1 and step.info["metrics"]["env/invalid"] == pytest.approx(1 / 3)
+    step = env.step(f"{secret}", state)
+    assert step.done and step.reward == pytest.approx(1 - 3 / 7)  # found on guess 4 of 7
+    assert step.info["metrics"]["env/solved"] == 1.0 and step.info["metrics"]["env/consistent"] == pytest.approx(2 / 3)
+
+
+def test_guessing_game_ends_unsolved_after_the_last_guess():
+    from lmrl.envs.guessing import GuessingEnv
+
+    env = GuessingEnv(low=1, high=10, max_guesses=2)
+    _, state = env.reset({}, seed=0)
+    wrong = 1 if state["secret"] != 1 else 2
+    assert not env.step(str(wrong), state).done
+    last = env.step(str(wrong), state)
+    assert last.done and last.reward == 0.0 and last.info["metrics"]["env/solved"] == 0.0
