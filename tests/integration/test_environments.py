@@ -91,3 +91,14 @@ def test_guessing_trains_end_to_end(tmp_path):
     for r in rows:
         assert 1.0 <= r["env/turns"] <= 3.0 and r["env/error"] == 0.0 and "env/solved" in r and "env/invalid" in r
         assert r["excluded"] == 0.0
+
+
+def test_reflect_and_revise_trains_end_to_end(tmp_path):
+    cfg = toy_run_config(tmp_path, 2, env={"name": "revise", "params": {"max_attempts": 2}},
+                         reward={"components": [{"name": "env"}], "accuracy_component": "env"},
+                         rollout={"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4})
+    rows = steps_of(run(cfg))
+    assert len(rows) == 2
+    for r in rows:
+        assert 1.0 <= r["env/turns"] <= 2.0 and r["env/error"] == 0.0 and "env/first_try" in r
+        assert r["excluded"] == 0.0

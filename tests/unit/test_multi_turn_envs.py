@@ -135,3 +135,23 @@ def test_guessing_game_ends_unsolved_after_the_last_guess():
     assert not env.step(str(wrong), state).done
     last = env.step(str(wrong), state)
     assert last.done and last.reward == 0.0 and last.info["metrics"]["env/solved"] == 0.0
+
+
+def test_reflect_and_revise_by_hand():
+    from lmrl.envs.revise import FEEDBACK, MISSING, ReviseEnv
+
+    env = ReviseEnv(max_attempts=3)
+    row = {"question": "What is 3 + 4?", "answer": "7"}
+    messages, state = env.reset(row, seed=0)
+    assert messages == [{"role": "user", "content": "What is 3 + 4?"}]
+    assert env.step("Answer: 3 + 4", state).observation[0]["content"] == FEEDBACK  # restating is not answering
+    assert env.step("hmm, not sure", state).observation[0]["content"] == MISSING
+    done = env.step("I was wrong. Answer: 7", state)
+    assert done.done and done.reward == 0.5 and done.info["metrics"] == {
+        "env/first_try": 0.0, "env/revised": 1.0, "env/attempts": 3.0}
+    _, state = env.reset(row, seed=0)
+    first = env.step("Answer: 7", state)
+    assert first.done and first.reward == 1.0 and first.info["metrics"]["env/first_try"] == 1.0
+    _, state = ReviseEnv(max_attempts=1).reset(row, seed=0)
+    last = ReviseEnv(max_attempts=1).step("Answer: 8", state)
+    assert last.done and last.reward == 0.0
