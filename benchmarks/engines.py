@@ -27,21 +27,12 @@ import time
 from pathlib import Path
 
 import torch
+from machine import cpu_model, load_average
 
 SIZES = (4, 8, 16)  # prompts per call; × 8 samples each = 32 / 64 / 128 rows
 GROUP = 8
 
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown CPU"
-    return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "unknown CPU")
-
-
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "n/a"
 
 
 def rollout_throughput(new_tokens: int, repeats: int, bf16_setting: str, threads: str) -> tuple[dict, bool]:
@@ -99,7 +90,7 @@ def quickstart_steps(engine: str, steps: int, bf16_setting: str, workdir: Path) 
 
 
 def table(rollouts: dict, steps: dict, bf16: bool, a: argparse.Namespace, load: tuple[str, str]) -> str:
-    lines = [f"# Rollout engines: hf vs vllm ({cpu_name()}, {os.cpu_count()} cores, "
+    lines = [f"# Rollout engines: hf vs vllm ({cpu_model()}, {os.cpu_count()} cores, "
              f"{'bf16' if bf16 else 'fp32'})", "",
              f"`python benchmarks/engines.py --new-tokens {a.new_tokens} --repeats {a.repeats} --steps {a.steps}`, "
              f"SmolLM2-135M-Instruct, trainer.bf16={a.bf16} (bf16 used: {'yes' if bf16 else 'no'}), "

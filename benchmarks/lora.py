@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -24,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from machine import cpu_model
 
 MODES = {
     "full": [],
@@ -57,15 +58,6 @@ def child(mode: str, steps: int, lr: float, threads: str, workdir: Path) -> dict
             "inert": statistics.mean(r["inert_rows"] for r in timed if "inert_rows" in r),
             "acc_before": result.eval_before.get("eval/accuracy"), "acc_after": result.eval_after.get("eval/accuracy"),
             "bf16": stages.learner.bf16, "device": str(stages.learner.device)}
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or platform.machine()
-    names = [line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")]
-    return names[0] if names else platform.machine()
 
 
 def run_child(mode: str, steps: int, lr: float, threads: str, workdir: Path) -> dict:

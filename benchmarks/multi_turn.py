@@ -16,12 +16,11 @@ and the environment's own work.
 from __future__ import annotations
 
 import argparse
-import platform
-import subprocess
 import sys
 import time
 
 import torch
+from machine import cpu_model
 
 from lmrl.engines import ENGINES, SamplingParams
 from lmrl.envs import Step
@@ -60,14 +59,6 @@ def load(model_name: str):
 
     path = resolve_model_path(model_name)
     return load_model(path), load_tokenizer(path)
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def main() -> None:

@@ -35,5 +35,7 @@ class Engine(Protocol):
                  generator: torch.Generator | None = None) -> list[list[Completion]]:
         """For each prompt, `n` completions."""
 
-    def update_weights(self, named_tensors: dict[str, torch.Tensor] | None, version: int) -> None:
-        """Load new policy weights (None: the engine shares the learner's module) and set the version."""
+    def update_weights(self, named_tensors: dict[str, torch.Tensor] | None, version: int) -> dict[str, float]:
+        """Load new policy weights (None: from the learner's module, shared or re-read) and set the version.
+
+        Returns the push's metrics for the step's log (e.g. `timing/weight_sync_s`; none when shared)."""

@@ -74,10 +74,11 @@ class HFEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def update_weights(self, named_tensors: dict[str, torch.Tensor] | None, version: int) -> None:
+    def update_weights(self, named_tensors: dict[str, torch.Tensor] | None, version: int) -> dict[str, float]:
         if named_tensors:
             self.model.load_state_dict(named_tensors, strict=False)
         self.version = version
+        return {}  # the module is the learner's: nothing to push
 
     def _autocast(self):
         if not self.bf16:

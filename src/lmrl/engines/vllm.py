@@ -192,7 +192,7 @@ class VLLMEngine:
                    gpu_memory_utilization=v.gpu_memory_utilization, enforce_eager=v.enforce_eager,
                    sleep_during_update=v.sleep_during_update, seed=cfg.trainer.seed, kv_rows=rows)
 
-    def update_weights(self, named_tensors: dict[str, torch.Tensor] | None, version: int) -> None:
+    def update_weights(self, named_tensors: dict[str, torch.Tensor] | None, version: int) -> dict[str, float]:
         """Push the held model's current weights (None), or `named_tensors` over them, into vLLM."""
         weights = inference_weights(self.model)
         if named_tensors:  # vLLM rebuilds fused layers (qkv, gate/up) whole: the other weights come with them
@@ -204,6 +204,7 @@ class VLLMEngine:
             weights = ((name, named_tensors.get(name, t)) for name, t in current.items())
         self._push(weights)
         self.version = version
+        return {"timing/weight_sync_s": self.last_sync_seconds}
 
     def _push(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         start = time.perf_counter()

@@ -187,9 +187,7 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                     for extra in s.algorithm.replays(batch):
                         replayed = s.learner.update(extra, s.algorithm, step_scheduler=False)
                         metrics.update({f"replay/{k}": v for k, v in replayed.items()})
-                    s.engine.update_weights(None, step)
-                    if hasattr(s.engine, "last_sync_seconds"):  # an engine holding its own copy of the weights
-                        metrics["timing/weight_sync_s"] = s.engine.last_sync_seconds
+                    metrics.update(s.engine.update_weights(None, step))
                 else:
                     metrics["skipped_updates"] = 1.0
                 t_train = time.perf_counter() - t1
