@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_serializer, field_validator
 
 from lmrl.presets import PRESETS
 
@@ -99,6 +99,20 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     vllm: VllmEngineConfig = Field(default_factory=VllmEngineConfig)
+    # None: the synchronous loop; k ≥ 0: the asynchronous loop, step j's rollouts from policy version
+    # max(0, j − 1 − k) while the learner trains on earlier batches (docs/scaling.md)
+    max_staleness: int | None = Field(None, ge=0)
+    weight_transport: str = "in_process"  # how new weights reach the rollout engine (async loop; docs/scaling.md)
+
+
+class DistConfig(Section):
+    """Where rollouts run (docs/scaling.md): in the learner's process (none), or spread over
+    `rollout_workers` workers, each an `hf` engine with its own copy of the weights: as objects in
+    this process (local) or as Ray actors (ray, the `ray` extra)."""
+    backend: Literal["none", "local", "ray"] = "none"
+    rollout_workers: int = Field(2, ge=1)
+    worker_threads: int = Field(1, ge=1)  # torch threads (and Ray CPUs) per rollout worker
+    max_restarts: int = Field(3, ge=0)  # a rollout worker that dies is restarted this often; its prompts re-run
 
 
 class DataConfig(Section):
@@ -107,6 +121,20 @@ class DataConfig(Section):
     max_gen_batches: int = Field(10, ge=0)  # 0 = unlimited
     # add task.demonstration to groups (GFT, SGT) or task.peer_rollouts (PRP)
     demonstrations: Literal["none", "group", "rescue", "peers"] = "none"
+
+
+class DistillConfig(Section):
+    """Distillation from the policy under a privileged context (docs/methods/hindsearch.md); coef 0: off."""
+    coef: float = Field(0.0, ge=0)  # β: + β · estimator(log π, log π_teacher) on the selected tokens
+    context: str = "hindsight_critique"  # what the teacher sees beyond the prompt (algos/teacher.py TEACHER_CONTEXTS)
+    params: dict[str, Any] = Field(default_factory=dict)  # the context's knobs (hindsight_critique: judge, template…)
+    tokens: Literal["all", "tool_calls"] = "all"  # every policy token, or only turns whose reply has a <tool_call>
+    estimator: Literal["k1", "k3"] = "k1"  # per-token reverse KL student‖teacher
+
+    @field_serializer("params", when_used="json")
+    def _params(self, params: dict[str, Any]) -> dict[str, Any]:  # an in-process judge object is written as its repr
+        plain = (dict, list, str, int, float, bool, type(None))
+        return {k: v if isinstance(v, plain) else repr(v) for k, v in params.items()}
 
 
 class AlgoConfig(Section):
@@ -135,6 +163,7 @@ class AlgoConfig(Section):
     group_by: str | None = None  # task row field whose equal values form one advantage group (default: the prompt)
     cost_aware_fraction: float = Field(0.0, ge=0)  # Cost-Aware GRPO: draws per row (0 = off; 0.5 = half the rows)
     demo_nll_coef: float = Field(0.0, ge=0)  # SGT: + coef · Σ_demo rows (−mean log p) / rows in the batch
+    distill: DistillConfig = Field(default_factory=DistillConfig)  # HindSearch-style privileged-context teacher
 
 
 class TrainerConfig(Section):
@@ -213,6 +242,7 @@ class Config(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    dist: DistConfig = Field(default_factory=DistConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
 
     # dotted keys the preset filled in (build_config): with the field defaults, what the user did not choose

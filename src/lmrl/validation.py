@@ -14,10 +14,12 @@ from typing import Any, Callable
 
 from lmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from lmrl.algos.inputs import ALIASES, INPUT_KNOBS, ROW_FIELD_INPUTS
+from lmrl.algos.teacher import DISTILL_INPUTS, TEACHER_CONTEXTS
 from lmrl.config import Config, ConfigError
 from lmrl.data import GROUP_FILTERS, SAMPLERS
 from lmrl.data.demonstrations import template_fields
 from lmrl.engines import ENGINES
+from lmrl.engines.weight_sync import WEIGHT_TRANSPORTS
 from lmrl.envs import TASKS
 from lmrl.eval.trackers import check_trackers
 from lmrl.learners.pmi import pmi_field
@@ -40,13 +42,22 @@ def _registered(cfg: Config) -> None:
               ("algo.loss", LOSSES, a.loss), ("algo.aggregation", AGGREGATIONS, a.aggregation),
               ("algo.kl_estimator", KL_ESTIMATORS, a.kl_estimator), ("task.name", TASKS, cfg.task.name),
               ("rollout.engine", ENGINES, cfg.rollout.engine), ("data.sampler", SAMPLERS, cfg.data.sampler),
+              ("rollout.weight_transport", WEIGHT_TRANSPORTS, cfg.rollout.weight_transport),
               ("data.group_filter", GROUP_FILTERS, cfg.data.group_filter),
-              ("reward.aggregation", REWARD_AGGREGATIONS, cfg.reward.aggregation)]
+              ("reward.aggregation", REWARD_AGGREGATIONS, cfg.reward.aggregation),
+              ("algo.distill.context", TEACHER_CONTEXTS, a.distill.context)]
     checks += [(f"reward.components[{i}].name", GROUP_REWARD_FNS if c.name in GROUP_REWARD_FNS else REWARD_FNS, c.name)
                for i, c in enumerate(cfg.reward.components)]
     for key, registry, name in checks:
         if name not in registry:
             raise ConfigError(f"{key}: {registry.unknown_message(name)}")
+
+
+def _rollout_workers(cfg: Config) -> None:
+    """Rollout workers are `hf` engines (docs/scaling.md)."""
+    if cfg.dist.backend != "none" and cfg.rollout.engine != "hf":
+        raise ConfigError(f"dist.backend={cfg.dist.backend} runs hf rollout workers; rollout.engine="
+                          f"{cfg.rollout.engine} runs in the learner's process: use dist.backend=none with it")
 
 
 def _reward_names(cfg: Config) -> None:
@@ -200,6 +211,9 @@ def _inputs(cfg: Config) -> None:
         if components and len(cfg.reward.components) < 2:
             raise ConfigError(f"{setting} needs per-sample inputs {components} from at least 2 reward components to "
                               f"combine; reward.components has {[c.name for c in cfg.reward.components]}")
+    missing = DISTILL_INPUTS - provided if a.distill.coef > 0 else set()
+    if missing:
+        raise ConfigError(f"algo.distill.coef > 0 needs per-sample inputs {sorted(missing)} that no input provider fills")
 
 
 def _unknown_knobs(fn: Callable, spec: Any, given: dict) -> list[str]:
@@ -274,7 +288,7 @@ def _method_rows(cfg: Config, rows: list[dict]) -> None:
 CONFIG_STAGES = ("names", "combinations")  # need no data: build_config runs them
 PIPELINE: list[tuple[str, Callable[..., None]]] = [
     ("names", _registered), ("names", _reward_names), ("names", _trackers),
-    ("combinations", _env_reward), ("combinations", _preset_clip_bounds), ("combinations", _preset_aggregation), ("combinations", _sequence_ratio),
+    ("combinations", _env_reward), ("combinations", _rollout_workers), ("combinations", _preset_clip_bounds), ("combinations", _preset_aggregation), ("combinations", _sequence_ratio),
     ("combinations", _kl_in_reward), ("combinations", _groups), ("combinations", _overlong),
     ("combinations", _peers), ("combinations", _demonstrations), ("combinations", _critic),
     ("combinations", _inputs), ("combinations", _knobs), ("combinations", _rejected_tokens),

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from lmrl.config import Config
 from lmrl.engines.base import ENGINES, SamplingParams
+from lmrl.engines.hf import HFEngine
+from lmrl.engines.workers import WorkerPool
 from lmrl.models.precision import resolve_bf16
+from lmrl.models.weights import detached_copy
 
 
 def eos_ids(tokenizer, model) -> list[int]:
@@ -18,16 +21,31 @@ def eos_ids(tokenizer, model) -> list[int]:
 
 
 def build_engine(cfg: Config, model, tokenizer):
-    """The rollout engine `rollout.engine` over `model`, stopping at every EOS the model declares.
+    """The rollout engine `rollout.engine` over `model`, stopping at every EOS the model declares; with
+    `dist.backend` set, a pool of `hf` rollout workers (`engines.workers`) instead.
 
     An engine with settings of its own (context length, memory) reads them in its `from_config`.
     """
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     bf16 = resolve_bf16(cfg.trainer.bf16, next(model.parameters()).device)
+    if cfg.dist.backend != "none":
+        d = cfg.dist
+        return WorkerPool(model, eos_ids(tokenizer, model), pad, bf16, workers=d.rollout_workers,
+                          threads=d.worker_threads, backend=d.backend, max_restarts=d.max_restarts)
     engine = ENGINES.get(cfg.rollout.engine)
     if hasattr(engine, "from_config"):
         return engine.from_config(cfg, model, eos_ids(tokenizer, model), pad, bf16=bf16)
     return engine(model, eos_ids(tokenizer, model), pad, bf16=bf16)
+
+
+def async_engines(cfg: Config, engine, model, tokenizer):
+    """The asynchronous loop's engines: (rollout, evaluation). The rollout engine owns its weights and
+    loads them version by version while the learner trains (an `hf` engine gets a copy of the model);
+    evaluation reads the learner's current module with an `hf` engine."""
+    bf16 = resolve_bf16(cfg.trainer.bf16, next(model.parameters()).device)
+    if engine.shares_module:
+        return HFEngine(detached_copy(model), eos_ids(tokenizer, model), engine.pad_token_id, bf16=bf16), engine
+    return engine, HFEngine(model, eos_ids(tokenizer, model), engine.pad_token_id, bf16=bf16)
 
 
 def sampling_params(cfg: Config) -> SamplingParams:

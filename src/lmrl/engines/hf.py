@@ -63,6 +63,8 @@ def cache_argument(decoder) -> str:
 class HFEngine:
     """Generation with a transformers causal LM, in process (CPU or one GPU)."""
 
+    shares_module = True  # generates with the module it was given (the learner's, unless a copy)
+
     def __init__(self, model, eos_token_ids: list[int], pad_token_id: int, bf16: bool = False):
         self.model = model
         self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long)

@@ -132,6 +132,8 @@ def default_kv_cache_bytes(config, dtype_bytes: int, rows: int, max_model_len: i
 class VLLMEngine:
     """Generation with vLLM, in the learner's process; the learner's module stays the source of the weights."""
 
+    shares_module = False  # vLLM holds its own copy of the weights, loaded by update_weights
+
     def __init__(self, model, eos_token_ids: list[int], pad_token_id: int, bf16: bool = False, *,
                  max_model_len: int = 2048, kv_cache_gib: float | None = None, gpu_memory_utilization: float = 0.3,
                  enforce_eager: bool = True, sleep_during_update: bool = False, seed: int = 0, kv_rows: int = 64):

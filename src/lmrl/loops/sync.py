@@ -123,47 +123,83 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
         return run_steps(cfg, run, resume, stages or build_stages(cfg))
 
 
-def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunResult:
-    """The loop itself, on an open run directory."""
-    pad_id = s.engine.pad_token_id
-    gens = {"rollout": s.generator, "shuffle": s.learner.shuffle}
-    start = 0
-    result = RunResult(run.path, cfg.trainer.steps)
-    if resume and (ckpt := latest_checkpoint(run.checkpoints)) is None:
+def resume_state(s: Stages, run: RunDir, resume: Path | None, gens: dict, result: "RunResult") -> tuple[int, dict]:
+    """Load the last complete checkpoint of `resume` into the stages: (its step, its saved state).
+    (0, {}) for a new run, or one killed before its first checkpoint."""
+    if not resume:
+        return 0, {}
+    ckpt = latest_checkpoint(run.checkpoints)
+    if ckpt is None:
         run.rewind(None)  # killed before its first checkpoint: start over
-    elif resume:
-        state = load_checkpoint(ckpt, s.model, s.learner.optimizer, s.learner.scheduler, modules=s.learner.modules())
-        start = state["step"]
-        if start > cfg.trainer.steps:
-            raise ConfigError(f"{ckpt} is at step {start}, past trainer.steps={cfg.trainer.steps}")
-        s.sampler.load_state_dict(state["sampler"])
-        restore_rng(state["rng"], gens)
-        s.algorithm.load_state_dict(state.get("algorithm", {}))
-        s.scorer.load_state_dict(state.get("rewards", {}))
-        result.eval_before, result.eval_after = state.get("eval_before", {}), state.get("eval_after", {})
-        s.engine.update_weights(None, start)
-        if "logs" in state:
-            run.rewind(state["logs"])
-        else:  # a checkpoint from a version that did not record log positions
-            run.truncate_after(start)
+        return 0, {}
+    state = load_checkpoint(ckpt, s.model, s.learner.optimizer, s.learner.scheduler, modules=s.learner.modules())
+    start = state["step"]
+    if start > s.cfg.trainer.steps:
+        raise ConfigError(f"{ckpt} is at step {start}, past trainer.steps={s.cfg.trainer.steps}")
+    s.sampler.load_state_dict(state["sampler"])
+    restore_rng(state["rng"], gens)
+    s.algorithm.load_state_dict(state.get("algorithm", {}))
+    s.scorer.load_state_dict(state.get("rewards", {}))
+    result.eval_before, result.eval_after = state.get("eval_before", {}), state.get("eval_after", {})
+    s.engine.update_weights(None, start)
+    if "logs" in state:
+        run.rewind(state["logs"])
+    else:  # a checkpoint from a version that did not record log positions
+        run.truncate_after(start)
+    return start, state
 
-    def evaluate_now(step: int) -> dict[str, float]:
-        metrics, groups = evaluate(s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval, cfg.rollout.max_new_tokens,
-                                   cfg.reward.accuracy_component, seed=cfg.trainer.seed)
-        run.log(step, metrics)
-        run.log_samples(step, [_sample_row(g, "eval") for g in groups[:3]])
-        return metrics
 
-    def checkpoint(step: int, boundary: dict) -> None:
-        save_checkpoint(run.checkpoints, step, s.model, s.tokenizer, s.learner.optimizer, s.learner.scheduler,
-                        {"step": step, "eval_before": result.eval_before, "eval_after": result.eval_after, **boundary},
-                        keep=cfg.run.keep_checkpoints, modules=s.learner.modules())
+def learn(s: Stages, kept: list[Group], step: int) -> dict[str, float] | None:
+    """One update on the kept groups: assemble the batch, provide its inputs, prepare, update, replay.
+    None when no sample was scored (no update)."""
+    inputs = batch_inputs(s, kept, step)
+    batch = to_batch(inputs, s.engine.pad_token_id)
+    if batch is None:
+        return None
+    provide(batch, inputs, with_learner=True)
+    metrics = s.algorithm.prepare(batch)
+    metrics.update(s.learner.update(batch, s.algorithm))
+    metrics.update(s.algorithm.after_update(batch, metrics))
+    for extra in s.algorithm.replays(batch):
+        replayed = s.learner.update(extra, s.algorithm, step_scheduler=False)
+        metrics.update({f"replay/{k}": v for k, v in replayed.items()})
+    return metrics
 
-    if start == 0 and "reward_components" in requested_inputs(s.algorithm):  # the column order of [B, K]
-        run.log(0, {"inputs/reward_components": ",".join(c.name for c in cfg.reward.components)})
 
+def evaluate_now(s: Stages, run: RunDir, step: int, engine=None) -> dict[str, float]:
+    """Evaluate the held-out rows with `engine` (the run's own by default) and log the result."""
+    cfg = s.cfg
+    metrics, groups = evaluate(engine or s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval,
+                               cfg.rollout.max_new_tokens, cfg.reward.accuracy_component, seed=cfg.trainer.seed)
+    run.log(step, metrics)
+    run.log_samples(step, [_sample_row(g, "eval") for g in groups[:3]])
+    return metrics
+
+
+def save(s: Stages, run: RunDir, step: int, result: "RunResult", boundary: dict) -> None:
+    save_checkpoint(run.checkpoints, step, s.model, s.tokenizer, s.learner.optimizer, s.learner.scheduler,
+                    {"step": step, "eval_before": result.eval_before, "eval_after": result.eval_after, **boundary},
+                    keep=s.cfg.run.keep_checkpoints, modules=s.learner.modules())
+
+
+def log_inputs_order(s: Stages, run: RunDir) -> None:
+    if "reward_components" in requested_inputs(s.algorithm):  # the column order of [B, K]
+        run.log(0, {"inputs/reward_components": ",".join(c.name for c in s.cfg.reward.components)})
+
+
+def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunResult:
+    """The loop itself, on an open run directory (the asynchronous one when `rollout.max_staleness` is set)."""
+    if cfg.rollout.max_staleness is not None:
+        from lmrl.loops.async_ import run_async_steps
+
+        return run_async_steps(cfg, run, resume, s)
+    gens = {"rollout": s.generator, "shuffle": s.learner.shuffle}
+    result = RunResult(run.path, cfg.trainer.steps)
+    start, _ = resume_state(s, run, resume, gens, result)
+    if start == 0:
+        log_inputs_order(s, run)
     if start == 0 and cfg.eval.at_start and s.eval_rows:
-        result.eval_before = evaluate_now(0)
+        result.eval_before = evaluate_now(s, run, 0)
     boundary = step_boundary(s, gens, run)
     done, saved, updates_at_boundary = start, start, s.learner.optimizer_steps
     progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress)
@@ -176,20 +212,13 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                 t_rollout = time.perf_counter() - t0
                 metrics.update(rollout_metrics(seen, cfg.reward.accuracy_component))
                 generated = sum(x.num_generated for g in seen for x in g.samples)
-                inputs = batch_inputs(s, kept, step)
-                batch = to_batch(inputs, pad_id)
                 t1 = time.perf_counter()
-                if batch is not None:
-                    provide(batch, inputs, with_learner=True)
-                    metrics.update(s.algorithm.prepare(batch))
-                    metrics.update(s.learner.update(batch, s.algorithm))
-                    metrics.update(s.algorithm.after_update(batch, metrics))
-                    for extra in s.algorithm.replays(batch):
-                        replayed = s.learner.update(extra, s.algorithm, step_scheduler=False)
-                        metrics.update({f"replay/{k}": v for k, v in replayed.items()})
-                    metrics.update(s.engine.update_weights(None, step))
-                else:
+                learned = learn(s, kept, step)
+                if learned is None:
                     metrics["skipped_updates"] = 1.0
+                else:
+                    metrics.update(learned)
+                    metrics.update(s.engine.update_weights(None, step))
                 t_train = time.perf_counter() - t1
                 result.train_seconds += time.perf_counter() - t0
                 metrics.update({"timing/rollout_s": t_rollout, "timing/train_s": t_train,
@@ -201,17 +230,17 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                 progress.update(step, metrics)
                 last = step == cfg.trainer.steps
                 if cfg.eval.every and step % cfg.eval.every == 0 and not last and s.eval_rows:
-                    evaluate_now(step)
+                    evaluate_now(s, run, step)
                 if last and cfg.eval.at_end and s.eval_rows:
-                    result.eval_after = evaluate_now(step)
+                    result.eval_after = evaluate_now(s, run, step)
                 done, updates_at_boundary = step, s.learner.optimizer_steps
                 boundary = step_boundary(s, gens, run)
                 if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
-                    checkpoint(step, boundary)
+                    save(s, run, step, result, boundary)
                     saved = step
     except BaseException:
         if done > saved and s.learner.optimizer_steps == updates_at_boundary:  # weights still match `boundary`
-            checkpoint(done, boundary)
+            save(s, run, done, result, boundary)
         raise
     return result
 

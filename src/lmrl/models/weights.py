@@ -7,6 +7,7 @@ trained model is never merged in place, so its base weights stay bit-exact over 
 """
 from __future__ import annotations
 
+import copy
 from typing import Iterator
 
 import torch
@@ -35,6 +36,17 @@ def inference_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
                 tensor = _merged_weight(adapted[layer_name], tensor)
             name = f"{layer_name}.{leaf}"
         yield name, tensor.detach()
+
+
+def detached_copy(model):
+    """A plain copy of the policy with its own weights (a LoRA model's adapters merged into the copy),
+    whose parameter names are those `inference_weights` yields: a rollout engine that loads versions."""
+    clone = copy.deepcopy(model)
+    if is_peft(clone):
+        clone = clone.merge_and_unload()
+    for p in clone.parameters():
+        p.requires_grad_(False)
+    return clone.eval()
 
 
 def _merged_weight(layer, weight: torch.Tensor) -> torch.Tensor:

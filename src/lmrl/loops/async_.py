@@ -1,0 +1,190 @@
+"""The asynchronous training loop: rollouts run ahead of training, with bounded staleness.
+
+A producer thread generates step j's batch with policy version v(j) = max(0, j − 1 − k), where k is
+`rollout.max_staleness` and version v means the weights after v updates, while this thread trains on
+earlier batches and publishes every new version through the weight transport (`engines.weight_sync`).
+No batch is consumed more than k versions after the policy that produced it (AReaL's bound); k = 0
+is the synchronous loop, step for step. The version is fixed by the step, not "the newest there
+is", so a run reproduces and resumes bit for bit; when generation is the slower phase (as on CPU)
+the newest version is that one anyway. Each sample records its version (`Sample.policy_version`).
+
+Checkpoints: at a checkpoint step the learner lets the producer finish every batch the published
+versions admit (it then waits for the next version) and saves those batches with the producer's
+state, so a resumed run consumes them exactly as the uninterrupted one: nothing regenerated, lost or
+consumed twice. docs/scaling.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from lmrl.config import Config
+from lmrl.engines.build import async_engines
+from lmrl.engines.weight_sync import build_transport
+from lmrl.loops.progress import StepProgress
+from lmrl.loops.run_dir import RunDir
+from lmrl.loops.setup import Stages
+from lmrl.loops.sync import (RunResult, _sample_row, collect_groups, evaluate_now, learn, log_inputs_order,
+                             resume_state, rollout_metrics, save, step_boundary)
+from lmrl.models.threads import apply_threads
+from lmrl.models.weights import inference_weights
+from lmrl.types import Group
+
+
+@dataclass
+class Rollout:
+    """One step's batch, as the producer made it."""
+
+    step: int
+    version: int  # the policy version that generated it
+    seen: list[Group]
+    kept: list[Group]
+    metrics: dict[str, float]
+    seconds: float
+    generated: int
+
+
+class Producer:
+    """Generates the batches of steps `first`..`last` in a thread, each from the version its step admits."""
+
+    def __init__(self, s: Stages, engine, start: int, staleness: int, transport, queued: dict | None = None):
+        self.s, self.engine, self.staleness, self.transport = dataclasses.replace(s, engine=engine), engine, staleness, transport
+        queued = queued or {}
+        self.next_step, self.last = queued.get("next_step", start + 1), s.cfg.trainer.steps
+        self.oldest = start  # the first version this process has: a run extended past its steps starts there
+        self.queue: deque[Rollout] = deque(queued.get("queue", []))
+        self.parcels: dict = {}
+        self.loaded: int | None = None
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.changed = threading.Condition()
+        self.working = threading.Lock()  # held while a batch is made; evaluation takes it too (one scorer)
+        self.thread = threading.Thread(target=self._run, name="lmrl-rollout", daemon=True)
+
+    def version_for(self, step: int) -> int:
+        return max(self.oldest, step - 1 - self.staleness)
+
+    def publish(self, version: int, model) -> None:
+        """Send the learner's weights as `version`; drop parcels no batch to come will use."""
+        parcel = self.transport.send(inference_weights(model), version)
+        with self.changed:
+            self.parcels[version] = parcel
+            for old in [v for v in self.parcels if v < min(version, self.version_for(self.next_step))]:
+                self.transport.release(self.parcels.pop(old))
+            self.changed.notify_all()
+
+    def _run(self) -> None:
+        try:
+            while self.next_step <= self.last:
+                version = self.version_for(self.next_step)
+                with self.changed:
+                    self.changed.wait_for(lambda: version in self.parcels or self.stopping)
+                    if self.stopping:
+                        return
+                    parcel = self.parcels[version]
+                with self.working:
+                    self.queue_rollout(self.make(version, parcel))
+        except BaseException as err:  # handed to the learner, which raises it
+            with self.changed:
+                self.error = err
+                self.changed.notify_all()
+
+    def make(self, version: int, parcel) -> Rollout:
+        t0 = time.perf_counter()
+        apply_threads(self.s.cfg.trainer.threads)
+        synced = {}
+        if self.loaded != version:
+            synced = self.engine.update_weights(self.transport.receive(parcel), version)
+            self.loaded = version
+        seen, kept, metrics = collect_groups(self.s)
+        metrics.update(synced)
+        generated = sum(x.num_generated for g in seen for x in g.samples)
+        return Rollout(self.next_step, version, seen, kept, metrics, time.perf_counter() - t0, generated)
+
+    def queue_rollout(self, rollout: Rollout) -> None:
+        with self.changed:
+            self.queue.append(rollout)
+            self.next_step += 1
+            self.changed.notify_all()
+
+    def take(self, step: int) -> Rollout:
+        with self.changed:
+            self.changed.wait_for(lambda: self.queue or self.error is not None)
+            if self.error is not None:
+                raise RuntimeError("the rollout thread failed") from self.error
+            rollout = self.queue.popleft()
+        assert rollout.step == step, f"the rollout of step {rollout.step} arrived for step {step}"
+        return rollout
+
+    def settle(self, version: int) -> list[Rollout]:
+        """Wait until every batch that `version` admits is made; the batches not yet consumed."""
+        upto = min(self.last, version + 1 + self.staleness)
+        with self.changed:
+            self.changed.wait_for(lambda: self.next_step > upto or self.error is not None)
+            if self.error is not None:
+                raise RuntimeError("the rollout thread failed") from self.error
+            return list(self.queue)
+
+    def stop(self) -> None:
+        with self.changed:
+            self.stopping = True
+            self.changed.notify_all()
+        self.thread.join()
+        for parcel in self.parcels.values():
+            self.transport.release(parcel)
+
+
+def run_async_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunResult:
+    """The asynchronous loop on an open run directory: the learner's side of `Producer`."""
+    gens = {"rollout": s.generator, "shuffle": s.learner.shuffle}
+    result = RunResult(run.path, cfg.trainer.steps)
+    start, state = resume_state(s, run, resume, gens, result)
+    rollout_engine, eval_engine = async_engines(cfg, s.engine, s.model, s.tokenizer)
+    producer = Producer(s, rollout_engine, start, cfg.rollout.max_staleness,
+                        build_transport(cfg.rollout.weight_transport), state.get("async"))
+    if start == 0:
+        log_inputs_order(s, run)
+    if start == 0 and cfg.eval.at_start and s.eval_rows:
+        result.eval_before = evaluate_now(s, run, 0, eval_engine)
+    producer.publish(start, s.model)
+    producer.thread.start()
+    last_end = time.perf_counter()
+    try:
+        with StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress) as progress:
+            for step in range(start + 1, cfg.trainer.steps + 1):
+                rollout = producer.take(step)
+                t1 = time.perf_counter()
+                threads = apply_threads(cfg.trainer.threads)
+                metrics = {**rollout.metrics, **rollout_metrics(rollout.seen, cfg.reward.accuracy_component)}
+                learned = learn(s, rollout.kept, step)
+                metrics.update(learned if learned is not None else {"skipped_updates": 1.0})
+                producer.publish(step, s.model)
+                t_train = time.perf_counter() - t1
+                result.train_seconds += time.perf_counter() - last_end
+                metrics.update({"async/staleness": float(step - 1 - rollout.version), "async/wait_s": t1 - last_end,
+                                "timing/rollout_s": rollout.seconds, "timing/train_s": t_train,
+                                "timing/step_s": time.perf_counter() - last_end,
+                                "tokens_per_s": rollout.generated / rollout.seconds, "timing/threads": float(threads),
+                                **s.data_notes})
+                last_end = time.perf_counter()
+                run.log(step, metrics)
+                run.log_samples(step, [_sample_row(g, "train") for g in rollout.seen[:2]])
+                progress.update(step, metrics)
+                last = step == cfg.trainer.steps
+                if s.eval_rows and ((cfg.eval.every and step % cfg.eval.every == 0 and not last)
+                                    or (last and cfg.eval.at_end)):
+                    with producer.working:
+                        evaluated = evaluate_now(s, run, step, eval_engine)
+                    if last:
+                        result.eval_after = evaluated
+                if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
+                    queued = producer.settle(step)
+                    boundary = step_boundary(s, gens, run)
+                    save(s, run, step, result, {**boundary, "async": {"queue": queued, "next_step": producer.next_step}})
+    finally:
+        producer.stop()
+    return result

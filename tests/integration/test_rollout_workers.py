@@ -1,0 +1,76 @@
+"""Rollout workers (`dist:`): Ray actors give the same run as in-process workers, and a worker killed
+mid-step is restarted, its prompts re-run, and the run ends as if nothing happened."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import make_tokenizer, toy_run_config
+from lmrl.engines.workers import WorkerPool, _split
+from lmrl.loops import build_stages, train
+from lmrl.models import tiny_llama
+
+ray = pytest.importorskip("ray", reason="the ray extra is installed by .ci/run")
+
+
+def stages_for(cfg):
+    tok = make_tokenizer()
+    return build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
+
+
+def run(tmp_path, backend, staleness=1, steps=3, hook=None):
+    cfg = toy_run_config(tmp_path / backend, steps, rollout={"max_staleness": staleness},
+                         dist={"backend": backend, "rollout_workers": 2})
+    stages = stages_for(cfg)
+    if hook:
+        hook(stages.engine)
+    result = train(cfg, stages=stages)
+    rewards = [json.loads(ln).get("reward/mean") for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    params = {k: v.detach().clone() for k, v in stages.model.state_dict().items()}
+    stages.engine.close()
+    return params, [r for r in rewards if r is not None], stages.engine
+
+
+def assert_same(a, b):
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_chunks_cover_the_prompts_in_order():
+    assert _split(5, 2) == [(0, 3), (3, 5)]
+    assert _split(1, 3) == [(0, 1), (1, 1), (1, 1)]
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("local"), "local")
+
+
+def test_ray_actors_give_the_in_process_workers_run(tmp_path, local_run):
+    params, rewards, pool = run(tmp_path, "ray")
+    assert_same(local_run[0], params)
+    assert rewards == local_run[1]
+    assert pool.restarts == 0
+
+
+def test_a_killed_rollout_actor_is_restarted_and_its_prompts_rerun(tmp_path, local_run):
+    def kill_during_second_rollout(pool: WorkerPool):
+        calls = {"generate": 0}
+        call = pool._call
+
+        def killing_call(worker, method, *args):
+            future = call(worker, method, *args)
+            if method == "generate":
+                calls["generate"] += 1
+                if calls["generate"] == 3:  # the second rollout's first chunk is in flight
+                    ray.kill(worker)
+            return future
+
+        pool._call = killing_call
+
+    params, rewards, pool = run(tmp_path, "ray", hook=kill_during_second_rollout)
+    assert pool.restarts == 1
+    assert_same(local_run[0], params)
+    assert rewards == local_run[1]
