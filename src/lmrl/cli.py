@@ -123,7 +123,7 @@ def cmd_eval(args) -> int:
     cfg = load_config(recipe, overrides)
     s = build_stages(cfg)
     metrics, _ = evaluate(s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval, cfg.rollout.max_new_tokens,
-                          cfg.reward.accuracy_component, seed=cfg.trainer.seed)
+                          cfg.reward.accuracy_component, seed=cfg.trainer.seed, env=cfg.env)
     for k, v in metrics.items():
         print(f"{k}: {v:.4f}")
     return 0

@@ -102,3 +102,22 @@ def test_reflect_and_revise_trains_end_to_end(tmp_path):
     for r in rows:
         assert 1.0 <= r["env/turns"] <= 2.0 and r["env/error"] == 0.0 and "env/first_try" in r
         assert r["excluded"] == 0.0
+
+
+def test_held_out_evaluation_plays_episodes_reproducibly(tmp_path):
+    cfg = toy_run_config(tmp_path, 1, task={"name": "bandit", "params": {"rounds": 3}, "num_eval": 4},
+                         env={"name": "bandit", "params": {"rounds": 3, "min_reversal": 1}},
+                         reward={"components": [{"name": "env"}], "accuracy_component": "env"},
+                         rollout={"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+                         eval={"at_start": True, "at_end": True})
+    tok = make_tokenizer()
+    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
+    from lmrl.eval.evaluator import evaluate
+
+    first, groups = evaluate(stages.engine, tok, stages.eval_rows, stages.scorer, cfg.eval, 4, "env", seed=0,
+                             env=cfg.env)
+    again, _ = evaluate(stages.engine, tok, stages.eval_rows, stages.scorer, cfg.eval, 4, "env", seed=0, env=cfg.env)
+    assert first == again and first["eval/env/turns"] == 3.0 and "eval/env/better_arm" in first
+    assert all(g.samples[0].info["turns"] == 3 for g in groups)
+    result = train(cfg, stages=stages)
+    assert result.eval_before["eval/env/turns"] == 3.0 and "eval/reward" in result.eval_after

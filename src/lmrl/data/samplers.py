@@ -1,5 +1,9 @@
-"""Prompt samplers (`next_prompts(n)`, `state_dict()`, `load_state_dict(state)`) and group filters
-(DAPO dynamic sampling)."""
+"""Prompt samplers and group filters (DAPO dynamic sampling).
+
+A sampler has `next_prompts(n)` (the rows to roll out next), `observe(groups)` (the scored groups
+of those rows, every one generated, kept or filtered: what an adaptive sampler learns from),
+`state_dict()` and `load_state_dict(state)` (checkpointed with the run, so a resumed run draws
+the same prompts)."""
 from __future__ import annotations
 
 import random
@@ -36,6 +40,9 @@ class UniformSampler:
             out.append(self.rows[self.order[self.position]])
             self.position += 1
         return out
+
+    def observe(self, groups: list[Group]) -> None:
+        """Uniform sampling learns nothing from rewards."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self.rng.getstate(), "order": self.order, "position": self.position, "epoch": self.epoch}

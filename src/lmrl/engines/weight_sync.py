@@ -14,6 +14,7 @@ rollouts and never mixes two inside one. Registered in `WEIGHT_TRANSPORTS` (`rol
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -65,18 +66,27 @@ class SharedFile:
         self.directory = Path(tempfile.mkdtemp(prefix="lmrl-weights-", dir=root))
 
     def send(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> Parcel:
-        tensors = {name: t.detach().to("cpu").contiguous() for name, t in weights}
+        tensors, aliases, owners = {}, {}, {}
+        for name, t in weights:  # tied weights (one storage, two names) are written once
+            t = t.detach().to("cpu").contiguous()
+            key = (t.data_ptr(), t.shape, t.dtype)
+            if key in owners:
+                aliases[name] = owners[key]
+            else:
+                owners[key], tensors[name] = name, t
         path = self.directory / f"v{version}.safetensors"
         tmp = path.with_suffix(".tmp")
-        save_file(tensors, str(tmp), metadata={"version": str(version)})
+        save_file(tensors, str(tmp), metadata={"version": str(version), "aliases": json.dumps(aliases)})
         os.replace(tmp, path)  # a reader never sees half a file
-        return Parcel(version, str(path), _nbytes(tensors))
+        return Parcel(version, (str(path), aliases), _nbytes(tensors))
 
     def receive(self, parcel: Parcel) -> dict[str, torch.Tensor]:
-        return load_file(parcel.payload)
+        path, aliases = parcel.payload
+        tensors = load_file(path)
+        return {**tensors, **{name: tensors[owner] for name, owner in aliases.items()}}
 
     def release(self, parcel: Parcel) -> None:
-        Path(parcel.payload).unlink(missing_ok=True)
+        Path(parcel.payload[0]).unlink(missing_ok=True)
 
 
 @WEIGHT_TRANSPORTS.register("ray", "the Ray object store, for Ray actors on any machine of the cluster (ray extra)")
@@ -98,7 +108,7 @@ class RayObjectStore:
         return self.ray.get(parcel.payload)
 
     def release(self, parcel: Parcel) -> None:
-        self.ray.internal.free([parcel.payload])
+        parcel.payload = None  # Ray counts references: the object goes when the last one does
 
 
 def build_transport(name: str):

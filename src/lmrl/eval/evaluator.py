@@ -5,7 +5,7 @@ from collections import Counter
 
 import torch
 
-from lmrl.config import EvalConfig
+from lmrl.config import EnvConfig, EvalConfig
 from lmrl.engines.base import SamplingParams
 from lmrl.envs.single_turn import rollout
 from lmrl.eval.metrics import mean_pass_at_k
@@ -31,19 +31,36 @@ def majority_correct(groups: list[Group], correct: list[list[bool]]) -> list[boo
     return out
 
 
+def episode_metrics(groups: list[Group]) -> dict[str, float]:
+    """The mean episode reward and the mean of each metric the environment reported, as `eval/...`."""
+    samples = [x for g in groups for x in g.samples]
+    scored = [x.reward for x in samples if x.excluded is None and x.reward is not None]
+    out = {"eval/reward": sum(scored) / len(scored) if scored else float("nan")}
+    for name in sorted({k for x in samples for k in x.info.get("metrics", {})}):
+        values = [x.info["metrics"][name] for x in samples if name in x.info.get("metrics", {})]
+        out[f"eval/{name}"] = sum(values) / len(values)
+    return out
+
+
 def evaluate(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: EvalConfig,
-             max_new_tokens: int, accuracy_component: str, seed: int = 0) -> tuple[dict[str, float], list[Group]]:
+             max_new_tokens: int, accuracy_component: str, seed: int = 0,
+             env: EnvConfig | None = None) -> tuple[dict[str, float], list[Group]]:
     """Greedy accuracy on `rows`; with `cfg.samples` > 1 sampled completions per row, pass@k and
     maj@n (the accuracy of each problem's majority answer: what label-free majority-vote training
-    can at best teach)."""
+    can at best teach). With an `env` naming an environment, each row is a greedy episode (the
+    environment's randomness seeded from `seed`, so every evaluation plays the same episodes) and
+    the environment's own metrics are reported too (`eval/env/...`)."""
     rows = rows[: cfg.num_prompts] if cfg.num_prompts else rows
     if not rows:
         return {}, []
     budget = cfg.max_new_tokens or max_new_tokens
+    episodes = env is not None and env.name is not None
+    episode_seeds = torch.Generator().manual_seed(seed) if episodes else None
     greedy_groups: list[Group] = []
     for start in range(0, len(rows), cfg.batch_size):
         chunk = rows[start: start + cfg.batch_size]
-        greedy_groups += rollout(engine, tokenizer, chunk, 1, SamplingParams(max_new_tokens=budget, greedy=True))
+        greedy_groups += rollout(engine, tokenizer, chunk, 1, SamplingParams(max_new_tokens=budget, greedy=True),
+                                 episode_seeds, env)
     scorer.score(greedy_groups)
     correct = _correct(greedy_groups, accuracy_component)
     lengths = [s.num_generated for g in greedy_groups for s in g.samples]
@@ -54,13 +71,15 @@ def evaluate(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: Eva
         "eval/gaming_restated_question": gaming_share([s for g in greedy_groups for s in g.samples],
                                                       accuracy_component),
     }
+    if episodes:
+        metrics.update(episode_metrics(greedy_groups))
     if cfg.samples > 1:
         gen = torch.Generator().manual_seed(seed)
         params = SamplingParams(max_new_tokens=budget, temperature=cfg.temperature)
         sampled: list[Group] = []
         per_batch = max(1, cfg.batch_size // cfg.samples)
         for start in range(0, len(rows), per_batch):
-            sampled += rollout(engine, tokenizer, rows[start: start + per_batch], cfg.samples, params, gen)
+            sampled += rollout(engine, tokenizer, rows[start: start + per_batch], cfg.samples, params, gen, env)
         scorer.score(sampled)
         sampled_correct = _correct(sampled, accuracy_component)
         for k in cfg.pass_k:

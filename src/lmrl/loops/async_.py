@@ -170,7 +170,6 @@ def run_async_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) ->
                                 "timing/step_s": time.perf_counter() - last_end,
                                 "tokens_per_s": rollout.generated / rollout.seconds, "timing/threads": float(threads),
                                 **s.data_notes})
-                last_end = time.perf_counter()
                 run.log(step, metrics)
                 run.log_samples(step, [_sample_row(g, "train") for g in rollout.seen[:2]])
                 progress.update(step, metrics)
@@ -185,6 +184,7 @@ def run_async_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) ->
                     queued = producer.settle(step)
                     boundary = step_boundary(s, gens, run)
                     save(s, run, step, result, {**boundary, "async": {"queue": queued, "next_step": producer.next_step}})
+                last_end = time.perf_counter()  # evaluation and checkpoints pause the rollouts too: not a step's time
     finally:
         producer.stop()
     return result

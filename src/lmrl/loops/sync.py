@@ -55,6 +55,7 @@ def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float
         groups = rollout(s.engine, s.tokenizer, expand_prompts(rows), n, s.params, s.generator, s.cfg.env)
         for k, v in s.scorer.score(groups).items():
             metrics[k] = metrics.get(k, 0.0) + v
+        s.sampler.observe(groups)
         seen += groups
         kept += [f for f in prompt_families(rows, groups) if s.keep_group(pooled(f))]
         batches += 1
@@ -170,7 +171,8 @@ def evaluate_now(s: Stages, run: RunDir, step: int, engine=None) -> dict[str, fl
     """Evaluate the held-out rows with `engine` (the run's own by default) and log the result."""
     cfg = s.cfg
     metrics, groups = evaluate(engine or s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval,
-                               cfg.rollout.max_new_tokens, cfg.reward.accuracy_component, seed=cfg.trainer.seed)
+                               cfg.rollout.max_new_tokens, cfg.reward.accuracy_component, seed=cfg.trainer.seed,
+                               env=cfg.env)
     run.log(step, metrics)
     run.log_samples(step, [_sample_row(g, "eval") for g in groups[:3]])
     return metrics

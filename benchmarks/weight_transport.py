@@ -1,0 +1,63 @@
+"""Weight transports side by side: seconds per MB to send one version and open it on the other side.
+
+    python benchmarks/weight_transport.py [--model default|tiny] [--repeats 5]
+
+For each registered transport (`lmrl.engines.weight_sync`: in_process, shared_file, ray when Ray is
+installed) it sends the policy's inference weights (SmolLM2-135M: 513 MB in fp32) and receives them,
+`--repeats` times, and prints the median send, receive and total time, and the total per MB. The
+`ray` receive is timed in this process (Ray's object store, same node); an actor on another machine
+pays the network on top. A worker's own load into its model (`load_state_dict`) is not included.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from machine import cpu_model, load_average
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default", help="`default` (SmolLM2) or `tiny` (a 2-layer random Llama)")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+
+    from lmrl.engines.weight_sync import WEIGHT_TRANSPORTS
+    from lmrl.models import load_model, resolve_model_path, tiny_llama
+    from lmrl.models.weights import inference_weights
+
+    model = tiny_llama(1000, hidden=64, layers=2, heads=4, seed=0) if args.model == "tiny" else \
+        load_model(resolve_model_path(args.model))
+    names = [n for n in WEIGHT_TRANSPORTS.names() if n != "ray" or _has_ray()]
+    print(f"CPU: {cpu_model()}; load average {load_average()}")
+    print(f"{'transport':<12} {'MB':>7} {'send s':>8} {'receive s':>10} {'total s':>8} {'ms/MB':>7}")
+    for name in names:
+        transport = WEIGHT_TRANSPORTS.get(name)()
+        sends, receives, size = [], [], 0
+        for version in range(args.repeats):
+            t0 = time.perf_counter()
+            parcel = transport.send(inference_weights(model), version)
+            t1 = time.perf_counter()
+            received = transport.receive(parcel)
+            t2 = time.perf_counter()
+            assert len(received) > 0
+            size = parcel.nbytes / 2**20
+            sends.append(t1 - t0)
+            receives.append(t2 - t1)
+            transport.release(parcel)
+        send, receive = statistics.median(sends), statistics.median(receives)
+        print(f"{name:<12} {size:7.1f} {send:8.3f} {receive:10.3f} {send + receive:8.3f} "
+              f"{1000 * (send + receive) / size:7.2f}")
+
+
+def _has_ray() -> bool:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    main()
