@@ -1,4 +1,4 @@
-"""`lmrl train | eval | export | list | report | models | serve`: the command line."""
+"""`lmrl train | eval | export | merge | list | report | models | serve`: the command line."""
 from __future__ import annotations
 
 import argparse
@@ -113,19 +113,18 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from lmrl.eval.evaluator import evaluate
-    from lmrl.loops.setup import build_stages
+    """The evaluation suite (docs/eval.md): metrics on stdout, the full result as JSON."""
+    from lmrl.eval.suite import eval_target, run_eval, write_suite
 
     recipe, overrides = _recipe_and_overrides(args)
-    if args.model:
-        overrides.append(f"model.path={args.model}")
     overrides += [f"eval.samples={args.samples}", f"eval.pass_k={args.k}"]
-    cfg = load_config(recipe, overrides)
-    s = build_stages(cfg)
-    metrics, _ = evaluate(s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval, cfg.rollout.max_new_tokens,
-                          cfg.reward.accuracy_component, seed=cfg.trainer.seed, env=cfg.env)
-    for k, v in metrics.items():
-        print(f"{k}: {v:.4f}")
+    cfg, default_out = eval_target(recipe, overrides, args.model, args.step)
+    result = run_eval(cfg, probe=args.reward_seeking)
+    for k, v in result["metrics"].items():
+        print(f"eval/{k}: {v:.4f}")
+    out = args.out or default_out
+    if out:
+        console.print(f"wrote {write_suite(result, out)}", soft_wrap=True, highlight=False)
     return 0
 
 
@@ -144,6 +143,27 @@ def cmd_export(args) -> int:
         raise ConfigError(f"{args.run} has no checkpoint at step {step}; it has steps {sorted(by_step)}")
     out = export_merged(by_step[step] / "model", cfg.model.path, cfg.model.lora, Path(args.merge))
     console.print(f"exported step {step} of {args.run} to {out}", soft_wrap=True, highlight=False)
+    return 0
+
+
+def cmd_merge(args) -> int:
+    """Interpolate or merge models (linear, SLERP, task arithmetic) into a transformers directory."""
+    from lmrl.models.merging import merge_models
+
+    out = merge_models(args.models, Path(args.out), args.method, t=args.t, weights=args.weights, base=args.base,
+                       lambdas=args.lambdas)
+    console.print(f"merged {len(args.models)} model(s) ({args.method}) into {out}", soft_wrap=True, highlight=False)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    """Runs side by side with intervals and Holm-corrected tests (docs/eval.md): OUT/compare.json, .html, curves.png."""
+    from lmrl.eval.compare import parse_arm, write_comparison
+
+    result = write_comparison([parse_arm(a) for a in args.arms], args.out, alpha=args.alpha, n_boot=args.bootstrap,
+                              seed=args.seed, metrics=args.metrics)
+    print(result["statement"])
+    console.print(f"wrote {Path(args.out) / 'compare.html'}", soft_wrap=True, highlight=False)
     return 0
 
 
@@ -185,12 +205,16 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", nargs="?", const="", default=None,
                    help="continue a run from its last complete checkpoint (default: the latest run of the recipe)")
     t.set_defaults(fn=cmd_train)
-    e = sub.add_parser("eval", help="greedy accuracy and pass@k on held-out prompts")
-    e.add_argument("recipe", nargs="?")
+    e = sub.add_parser("eval", help="evaluation suite on held-out prompts: accuracy, pass@k, maj@k, diversity, "
+                                    "calibration, abstention, per-prompt solve rates (docs/eval.md)")
+    e.add_argument("recipe", nargs="?", help="recipe name or YAML path, or a run directory (its latest checkpoint)")
     e.add_argument("overrides", nargs="*")
     e.add_argument("--model", help="model directory, .gguf file or 'default' (e.g. a checkpoint's model/)")
+    e.add_argument("--step", type=int, help="with a run directory: the checkpoint step (default: the latest)")
     e.add_argument("--samples", type=int, default=1, help="sampled completions per prompt for pass@k")
     e.add_argument("--k", default="[1]", help="pass@k values, e.g. [1,4]")
+    e.add_argument("--out", help="write the result JSON here (default: RUN/eval/step-N.json for a run's checkpoint)")
+    e.add_argument("--reward-seeking", metavar="PROBE_YAML", help="also measure reward-seeking with this probe")
     e.set_defaults(fn=cmd_eval)
     x = sub.add_parser("export", help="write a run's checkpoint as a transformers model directory (LoRA merged)")
     x.add_argument("run", help="run directory, e.g. runs/quickstart-...")
@@ -198,12 +222,32 @@ def parser() -> argparse.ArgumentParser:
     x.add_argument("--merge", required=True, metavar="OUT_DIR",
                    help="new directory for the merged model (weights, config, tokenizer)")
     x.set_defaults(fn=cmd_export)
+    mg = sub.add_parser("merge", help="interpolate or merge models (linear, slerp, task_arithmetic; docs/merging.md)")
+    mg.add_argument("models", nargs="+", help="model directories, checkpoints (runs/X/checkpoints/step-N) or runs "
+                                              "(their latest checkpoint); LoRA checkpoints are merged into their base")
+    mg.add_argument("--out", required=True, help="new directory for the merged model (weights, config, tokenizer)")
+    mg.add_argument("--method", choices=["linear", "slerp", "task_arithmetic"], default="linear")
+    mg.add_argument("--t", type=float, help="two models: (1-t)*first + t*second (default 0.5)")
+    mg.add_argument("--weights", type=float, nargs="+", help="linear: one weight per model, normalised to sum 1")
+    mg.add_argument("--base", help="task_arithmetic: the model the others were fine-tuned from")
+    mg.add_argument("--lambdas", type=float, nargs="+", help="task_arithmetic: one lambda per model (default 1)")
+    mg.set_defaults(fn=cmd_merge)
     ls = sub.add_parser("list", help="what is registered")
     ls.add_argument("what", choices=["algos", "recipes", *REGISTRY_KINDS])
     ls.set_defaults(fn=cmd_list)
     r = sub.add_parser("report", help="write RUN/report.html with plots of the run's metrics")
     r.add_argument("run")
     r.set_defaults(fn=cmd_report)
+    c = sub.add_parser("compare", help="compare runs: metrics with intervals, Holm-corrected tests, training curves")
+    c.add_argument("arms", nargs="+", metavar="ARM",
+                   help="a run directory or `lmrl eval` JSON; several runs (seeds) of one arm: [NAME=]RUN,RUN,…; "
+                        "the first arm is the reference")
+    c.add_argument("--out", default="compare", help="output directory (default: ./compare)")
+    c.add_argument("--alpha", type=float, default=0.05, help="significance level after Holm's correction")
+    c.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples over prompts")
+    c.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
+    c.add_argument("--metrics", nargs="+", help="test only these metrics (default: every metric all runs report)")
+    c.set_defaults(fn=cmd_compare)
     m = sub.add_parser("models", help="the embedded default model")
     m.add_argument("action", choices=["pull", "path"])
     m.add_argument("path", nargs="?")

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_serializer, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_serializer,
+                      field_validator)
 
 from lmrl.presets import PRESETS
 
@@ -116,11 +117,23 @@ class DistConfig(Section):
 
 
 class DataConfig(Section):
-    sampler: str = "uniform"
+    sampler: str = "uniform"  # uniform | hive | heapa | curriculum | rail (docs/data.md)
+    sampler_params: dict[str, Any] = Field(default_factory=dict)  # the sampler's knobs (docs/data.md)
     group_filter: str = "none"  # none | nonzero_std (DAPO dynamic sampling)
     max_gen_batches: int = Field(10, ge=0)  # 0 = unlimited
-    # add task.demonstration to groups (GFT, SGT) or task.peer_rollouts (PRP)
-    demonstrations: Literal["none", "group", "rescue", "peers"] = "none"
+    # add task.demonstration to groups (GFT, SGT) or task.peer_rollouts (PRP); roll out hard prompts again
+    # with hints (KnowRL), guidance replayed into the group (TaoSR-AGRL) or privileged context (RISE-RL)
+    demonstrations: Literal["none", "group", "rescue", "peers", "hints", "guided_replay", "privileged"] = "none"
+    source_params: dict[str, Any] = Field(default_factory=dict)  # knobs of hints | guided_replay | privileged
+
+    @field_validator("sampler_params")
+    @classmethod
+    def _known_knobs(cls, params: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if params:
+            from lmrl.data.samplers import check_sampler_params  # the registry imports torch
+
+            check_sampler_params(info.data.get("sampler", "uniform"), params)
+        return params
 
 
 class DistillConfig(Section):
@@ -135,6 +148,19 @@ class DistillConfig(Section):
     def _params(self, params: dict[str, Any]) -> dict[str, Any]:  # an in-process judge object is written as its repr
         plain = (dict, list, str, int, float, bool, type(None))
         return {k: v if isinstance(v, plain) else repr(v) for k, v in params.items()}
+
+
+class GuardConfig(Section):
+    """Failure-mode guards with rollback (docs/guards.md): a step is bad when the importance ratio explodes,
+    a loss or gradient is not finite, or the entropy collapses; `patience` bad steps in a row restore the
+    last checkpoint saved before them, with the learning rate times `lr_factor`."""
+    enabled: bool = False
+    patience: int = Field(2, ge=1)  # consecutive bad steps that trip the guard
+    ratio_bound: float = Field(2.0, gt=1)  # a token whose π_θ/π_behaviour leaves [1/bound, bound] is extreme
+    max_ratio_share: float = Field(0.05, ge=0, le=1)  # bad step: a larger share of extreme tokens
+    min_entropy: float | None = Field(None, ge=0)  # bad step: mean token entropy below this (None: not checked)
+    lr_factor: float = Field(0.5, gt=0, le=1)  # the learning rate is multiplied by this at each rollback
+    max_rollbacks: int = Field(3, ge=0)  # a trip after this many rollbacks stops the run with an error
 
 
 class AlgoConfig(Section):
@@ -164,6 +190,7 @@ class AlgoConfig(Section):
     cost_aware_fraction: float = Field(0.0, ge=0)  # Cost-Aware GRPO: draws per row (0 = off; 0.5 = half the rows)
     demo_nll_coef: float = Field(0.0, ge=0)  # SGT: + coef · Σ_demo rows (−mean log p) / rows in the batch
     distill: DistillConfig = Field(default_factory=DistillConfig)  # HindSearch-style privileged-context teacher
+    guards: GuardConfig = Field(default_factory=GuardConfig)  # ratio / NaN / entropy guards with rollback
 
 
 class TrainerConfig(Section):

@@ -21,6 +21,8 @@ class Origin(Enum):
     DEMONSTRATION = "demonstration"  # a reference completion from the task data, one more member of its group
     RESCUE = "rescue"  # a reference completion for a group where nothing succeeded, in a group of its own
     PEER = "peer"  # another policy's completion, with that policy's log-probability
+    GUIDED = "guided"  # the policy's completion of a guided prompt, replayed as a member under the original prompt
+    PRIVILEGED = "privileged"  # the same, kept in a group of its own for a supervised term only
 
     @property
     def sampled(self) -> bool:
@@ -29,8 +31,8 @@ class Origin(Enum):
 
     @property
     def in_advantage(self) -> bool:
-        """Enters the advantage estimate; a rescue row is trained only by a supervised term."""
-        return self is not Origin.RESCUE
+        """Enters the advantage estimate; rescue and privileged rows are trained only by a supervised term."""
+        return self not in (Origin.RESCUE, Origin.PRIVILEGED)
 
     @property
     def brings_logprobs(self) -> bool:

@@ -17,7 +17,7 @@ from lmrl.algos.inputs import ALIASES, INPUT_KNOBS, ROW_FIELD_INPUTS
 from lmrl.algos.teacher import DISTILL_INPUTS, TEACHER_CONTEXTS
 from lmrl.config import Config, ConfigError
 from lmrl.data import GROUP_FILTERS, SAMPLERS
-from lmrl.data.demonstrations import template_fields
+from lmrl.data.demonstrations import SAMPLE_SOURCES, source_params, template_fields
 from lmrl.engines import ENGINES
 from lmrl.engines.weight_sync import WEIGHT_TRANSPORTS
 from lmrl.envs import TASKS
@@ -161,17 +161,17 @@ def _peers(cfg: Config) -> None:
 
 def _demonstrations(cfg: Config) -> None:
     """Demonstrations need their template, fit the estimator, and are scored alone by per-sample rewards."""
-    mode, a = cfg.data.demonstrations, cfg.algo
-    if mode not in ("none", "peers") and not cfg.task.demonstration:
+    mode, a, spec = cfg.data.demonstrations, cfg.algo, SAMPLE_SOURCES.spec(cfg.data.demonstrations)
+    if spec.template and not cfg.task.demonstration:
         raise ConfigError(f"data.demonstrations={mode} needs task.demonstration, a template over the task row's "
                           "fields (e.g. '{solution}' or 'Answer: {answer}')")
-    if mode == "rescue" and a.critic:
-        raise ConfigError("data.demonstrations=rescue leaves its rows out of the advantage estimate, which "
+    if (mode == "rescue" or spec.supervised) and a.critic:
+        raise ConfigError(f"data.demonstrations={mode} leaves its rows out of the advantage estimate, which "
                           "algo.critic=true (value targets for every row) does not support; use group or no critic")
     if a.demo_nll_coef > 0 and mode == "none":
         raise ConfigError("algo.demo_nll_coef > 0 trains on demonstration rows, but data.demonstrations=none "
                           "adds none; set data.demonstrations=rescue (or group) and task.demonstration")
-    if mode == "none":
+    if not spec.scored_alone:
         return
     group = [c.name for c in cfg.reward.components if c.name in GROUP_REWARD_FNS]
     if group:
@@ -181,6 +181,29 @@ def _demonstrations(cfg: Config) -> None:
         raise ConfigError(f"data.demonstrations={mode} scores each demonstration alone, but "
                           f"reward.aggregation={cfg.reward.aggregation} normalises within a group; use one of "
                           f"{sorted(PER_SAMPLE_AGGREGATIONS)}")
+
+
+def _sample_source(cfg: Config) -> None:
+    """A source's knobs are its own; one that rolls out prompts of its own needs a single-turn task whose
+    groups reach it unfiltered; one whose rows train only through the supervised term needs that term."""
+    mode, spec, params = cfg.data.demonstrations, SAMPLE_SOURCES.spec(cfg.data.demonstrations), cfg.data.source_params
+    if spec.params is None and params:
+        raise ConfigError(f"data.source_params: data.demonstrations={mode} takes no knobs (got {sorted(params)})")
+    try:
+        knobs = source_params(cfg)
+        if hasattr(knobs, "check"):
+            knobs.check(cfg)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"data.source_params for data.demonstrations={mode}: {err}") from None
+    if spec.generates and cfg.env.name:
+        raise ConfigError(f"data.demonstrations={mode} rolls out extended prompts of a single-turn task; "
+                          f"env.name={cfg.env.name!r} runs episodes")
+    if spec.generates and cfg.data.group_filter != "none":
+        raise ConfigError(f"data.demonstrations={mode} looks at the groups the filter keeps, and "
+                          f"data.group_filter={cfg.data.group_filter} drops the hard ones first; set it to none")
+    if spec.supervised and cfg.algo.demo_nll_coef == 0:
+        raise ConfigError(f"data.demonstrations={mode} adds rows that only algo.demo_nll_coef trains (λ_aux); "
+                          "set it > 0")
 
 
 def _critic(cfg: Config) -> None:
@@ -213,7 +236,8 @@ def _inputs(cfg: Config) -> None:
                               f"combine; reward.components has {[c.name for c in cfg.reward.components]}")
     missing = DISTILL_INPUTS - provided if a.distill.coef > 0 else set()
     if missing:
-        raise ConfigError(f"algo.distill.coef > 0 needs per-sample inputs {sorted(missing)} that no input provider fills")
+        raise ConfigError(f"algo.distill.coef > 0 needs per-sample inputs {sorted(missing)} that no input provider "
+                          "fills")
 
 
 def _unknown_knobs(fn: Callable, spec: Any, given: dict) -> list[str]:
@@ -256,11 +280,21 @@ def _demonstration_rows(cfg: Config, rows: list[dict]) -> None:
         if lacking:
             raise ConfigError(f"task.peer_rollouts={cfg.task.peer_rollouts!r}: {lacking} task rows lack that field "
                               f"as a list of {{'text': ..., 'logprob': ...}} (they have: {', '.join(sorted(rows[0]))})")
-    elif mode != "none":
+    elif SAMPLE_SOURCES.spec(mode).template:
         missing = sorted(n for n in template_fields(cfg.task.demonstration) if any(n not in r for r in rows))
         if missing:
             raise ConfigError(f"task.demonstration={cfg.task.demonstration!r} reads the row fields {missing}, which "
                               f"some task rows lack (they have: {', '.join(sorted(rows[0]))})")
+
+
+def _source_rows(cfg: Config, rows: list[dict]) -> None:
+    """The row fields a sample source's knobs name (hints, a guidance template) are in every training row."""
+    knobs = source_params(cfg)
+    for name in sorted(knobs.row_fields() if knobs is not None else ()):
+        lacking = sum(name not in r for r in rows)
+        if lacking:
+            raise ConfigError(f"data.demonstrations={cfg.data.demonstrations} reads the task field {name!r}, which "
+                              f"{lacking} of {len(rows)} training rows lack (they have: {', '.join(sorted(rows[0]))})")
 
 
 def _method_rows(cfg: Config, rows: list[dict]) -> None:
@@ -290,9 +324,9 @@ PIPELINE: list[tuple[str, Callable[..., None]]] = [
     ("names", _registered), ("names", _reward_names), ("names", _trackers),
     ("combinations", _env_reward), ("combinations", _rollout_workers), ("combinations", _preset_clip_bounds), ("combinations", _preset_aggregation), ("combinations", _sequence_ratio),
     ("combinations", _kl_in_reward), ("combinations", _groups), ("combinations", _overlong),
-    ("combinations", _peers), ("combinations", _demonstrations), ("combinations", _critic),
-    ("combinations", _inputs), ("combinations", _knobs), ("combinations", _rejected_tokens),
-    ("data", _demonstration_rows), ("data", _method_rows),
+    ("combinations", _peers), ("combinations", _demonstrations), ("combinations", _sample_source),
+    ("combinations", _critic), ("combinations", _inputs), ("combinations", _knobs), ("combinations", _rejected_tokens),
+    ("data", _demonstration_rows), ("data", _source_rows), ("data", _method_rows),
 ]
 
 

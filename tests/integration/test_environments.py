@@ -115,8 +115,8 @@ def test_held_out_evaluation_plays_episodes_reproducibly(tmp_path):
     from lmrl.eval.evaluator import evaluate
 
     first, groups = evaluate(stages.engine, tok, stages.eval_rows, stages.scorer, cfg.eval, 4, "env", seed=0,
-                             env=cfg.env)
-    again, _ = evaluate(stages.engine, tok, stages.eval_rows, stages.scorer, cfg.eval, 4, "env", seed=0, env=cfg.env)
+                             environment=cfg.env)
+    again, _ = evaluate(stages.engine, tok, stages.eval_rows, stages.scorer, cfg.eval, 4, "env", seed=0, environment=cfg.env)
     assert first == again and first["eval/env/turns"] == 3.0 and "eval/env/better_arm" in first
     assert all(g.samples[0].info["turns"] == 3 for g in groups)
     result = train(cfg, stages=stages)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import make_tokenizer, toy_run_config
-from lmrl.engines.workers import WorkerPool, _split
+from lmrl.engines.workers import WorkerPool, split_evenly
 from lmrl.loops import build_stages, train
 from lmrl.models import tiny_llama
 
@@ -39,8 +39,8 @@ def assert_same(a, b):
 
 
 def test_chunks_cover_the_prompts_in_order():
-    assert _split(5, 2) == [(0, 3), (3, 5)]
-    assert _split(1, 3) == [(0, 1), (1, 1), (1, 1)]
+    assert split_evenly(5, 2) == [(0, 3), (3, 5)]
+    assert split_evenly(1, 3) == [(0, 1), (1, 1), (1, 1)]
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +74,31 @@ def test_a_killed_rollout_actor_is_restarted_and_its_prompts_rerun(tmp_path, loc
     assert pool.restarts == 1
     assert_same(local_run[0], params)
     assert rewards == local_run[1]
+
+
+REWARD_FILE = '''
+def contains_seven(sample, **_):
+    return 1.0 if "7" in sample.info["text"] else 0.0
+'''
+
+
+def test_the_learner_runs_in_a_ray_actor_and_gives_the_in_process_run(tmp_path):
+    """`dist.backend: ray` without stages: the loop runs in a learner actor placed beside its rollout actors."""
+    from safetensors.torch import load_file
+
+    tok = make_tokenizer()
+    model_dir = tmp_path / "model"
+    tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    (tmp_path / "toy_reward.py").write_text(REWARD_FILE)
+    reward = {"components": [{"name": f"{tmp_path / 'toy_reward.py'}:contains_seven"}],
+              "accuracy_component": f"{tmp_path / 'toy_reward.py'}:contains_seven"}
+    runs = {}
+    for backend in ("local", "ray"):
+        cfg = toy_run_config(tmp_path / backend, 3, model={"path": str(model_dir)}, reward=reward,
+                             rollout={"max_staleness": 1}, trainer={"threads": 1},
+                             dist={"backend": backend, "rollout_workers": 1})  # 2 CPUs: learner + 1 worker
+        result = train(cfg) if backend == "ray" else train(cfg, stages=build_stages(cfg))
+        runs[backend] = load_file(str(result.run_dir / "checkpoints" / "step-000003" / "model" / "model.safetensors"))
+    assert runs["local"].keys() == runs["ray"].keys()
+    assert_same(runs["local"], runs["ray"])

@@ -14,7 +14,7 @@ from lmrl.algos import ADVANTAGES, LOSSES
 from lmrl.rewards import GROUP_REWARD_FNS, REWARD_FNS
 
 LOOPS = Path(__file__).resolve().parents[2] / "src" / "lmrl" / "loops"
-KINDS = ("demonstration", "rescue", "peer", "pmi", "variant")
+KINDS = ("demonstration", "rescue", "peer", "pmi", "variant", "guided", "hint", "privileged")
 # Reward names that are also plain words of the loop: the task row's gold-answer field, the finish
 # reason of a rollout cut at max_new_tokens, and the metric of the share of such rollouts.
 PLAIN_WORDS = {"answer", "length", "truncated"}

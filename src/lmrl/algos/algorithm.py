@@ -5,7 +5,9 @@ learner minimises (`objective`). The learner only sees these methods and what th
 declares it needs (`prepare_outputs`: model outputs before `prepare`; `needs`: model outputs in the
 training forward; `critic`: a value head), never the names. What the configured estimator and loss
 need and guarantee is read from their declarations (`ADVANTAGES.spec`, `LOSSES.spec`). Methods with
-state between steps (`algos/state.py`) are driven through `after_update` and `replays`.
+state between steps (`algos/state.py`) are driven through `after_update` and `replays`. With
+`algo.distill.coef` > 0 the objective also pulls the policy toward itself under a privileged context
+(`algos/teacher.py`), on the tokens the teacher inputs select.
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ from lmrl.algos.critic import clipped_value_loss, explained_variance
 from lmrl.algos.inputs import gather, model_outputs_for, optional_inputs
 from lmrl.algos.kl import KL_ESTIMATORS, k1
 from lmrl.algos.losses import LOSSES, LossInputs
+from lmrl.algos.guards import Guard
 from lmrl.algos.state import build_state
+from lmrl.algos.teacher import DISTILL_ESTIMATORS, DISTILL_INPUTS, TEACHER_CONTEXTS
 from lmrl.config import AlgoConfig
 from lmrl.stats import overlong_penalty
 from lmrl.types import Batch
@@ -42,11 +46,16 @@ class Algorithm:
         advantage_state, self.advantage_knobs = build_state(self.advantage_spec, self.cfg.advantage_params)
         loss_state, self.loss_knobs = build_state(self.loss_spec, self.cfg.loss_params)
         self.states = {name: st for name, st in (("advantage", advantage_state), ("loss", loss_state)) if st is not None}
+        if self.cfg.guards.enabled:  # failure-mode guard (algos/guards.py), checkpointed like the method states
+            self.states["guard"] = Guard(self.cfg.guards)
+        d = self.cfg.distill
+        self.teacher = TEACHER_CONTEXTS.get(d.context)(**d.params) if d.coef > 0 else None  # its provider calls it
 
     @property
     def requires(self) -> set[str]:
-        """Per-sample inputs the estimator and the loss declare (see `algos/inputs.py`)."""
-        return set(self.advantage_spec.requires | self.loss_spec.requires)
+        """Per-sample inputs the estimator and the loss declare (see `algos/inputs.py`), and the teacher's."""
+        teacher = DISTILL_INPUTS if self.teacher is not None else frozenset()
+        return set(self.advantage_spec.requires | self.loss_spec.requires | teacher)
 
     @property
     def critic(self) -> bool:
@@ -87,12 +96,15 @@ class Algorithm:
 
         True where every advantage of the row is 0, the loss is declared zero there
         (`zero_at_zero_advantage`: row-local and proportional to A), and no KL or entropy term
-        would still pull on the row (demonstration rows under `demo_nll_coef` always train).
-        Denominators stay those of the whole batch (`scale`).
+        would still pull on the row (demonstration rows under `demo_nll_coef` and rows with distilled
+        tokens always train). Denominators stay those of the whole batch (`scale`).
         """
+        inert = self._inert_by_advantage(batch)
         if self.cfg.demo_nll_coef > 0 and "demonstration" in batch.row_extras:
-            return self._inert_by_advantage(batch) & (batch.row_extras["demonstration"] == 0)
-        return self._inert_by_advantage(batch)
+            inert = inert & (batch.row_extras["demonstration"] == 0)
+        if self.teacher is not None and "teacher_mask" in batch.extras:
+            inert = inert & (batch.extras["teacher_mask"].sum(1) == 0)
+        return inert
 
     def _inert_by_advantage(self, batch: Batch) -> torch.Tensor:
         rows = batch.completion_mask.shape[0]
@@ -126,7 +138,10 @@ class Algorithm:
         for state in self.states.values():
             if hasattr(state, "before_prepare"):
                 state.before_prepare(batch)
-        return self._prepare(batch)
+        metrics = self._prepare(batch)
+        if "has_teacher" in batch.row_extras:
+            metrics["distill/samples"] = float(batch.row_extras["has_teacher"].mean())
+        return metrics
 
     def after_update(self, batch: Batch, metrics: dict[str, float]) -> dict[str, float]:
         """Stateful methods learn from the finished update (e.g. a controller reads a metric)."""
@@ -241,10 +256,15 @@ class Algorithm:
         if self.token_mask_fn is not None:
             mask = mask * self._keep(inputs.old_logp, inputs.extras["rollout_logp"], mask)
         metrics["pg_loss"] = float(self.aggregate(token_loss.detach(), mask, AggScale.of(mask)))
+        guard = self.states.get("guard")
+        if guard is not None and "rollout_logp" in inputs.extras:
+            metrics.update(guard.token_metrics(inputs.logp, inputs.extras["rollout_logp"], inputs.mask))
         if self.cfg.kl_coef > 0 and not self.cfg.kl_in_reward:
             kl = self.kl_fn(inputs.logp, inputs.ref_logp)
             token_loss = token_loss + self.cfg.kl_coef * kl
             metrics["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
+        if self.teacher is not None:
+            token_loss = token_loss + self._distill(inputs, metrics)
         if self.cfg.entropy_coef != 0:
             token_loss = token_loss - self.cfg.entropy_coef * inputs.entropy
         total = self.aggregate(token_loss, mask, scale)
@@ -261,3 +281,11 @@ class Algorithm:
             metrics["critic/value_loss"] = float((value_loss.detach() * mask).sum() / mask.sum().clamp(min=1))
             metrics["critic/clip_frac"] = float((clipped * mask).sum() / mask.sum().clamp(min=1))
         return total, metrics
+
+    def _distill(self, inputs: LossInputs, metrics: dict[str, float]) -> torch.Tensor:
+        """coef · estimator(log π, log π_teacher) per token on the teacher mask; logs its mean there."""
+        where = inputs.extras["teacher_mask"]
+        term = DISTILL_ESTIMATORS[self.cfg.distill.estimator](inputs.logp, inputs.extras["teacher_logp"]) * where
+        if where.sum() > 0:
+            metrics["distill/kl"] = float(term.detach().sum() / where.sum())
+        return self.cfg.distill.coef * term

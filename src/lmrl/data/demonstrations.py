@@ -23,21 +23,41 @@ sample. The sources registered in `SAMPLE_SOURCES`:
 Demonstrations are scored alone, so the run's reward must be per sample (no group components, and
 a per-sample aggregation); the config check says so.
 
+A source is called as `source(groups, generate)`: `generate(rows, n)` rolls out `n` completions of
+each row with the run's engine (unscored groups), for the sources that sample guided or hinted
+prompts (`lmrl.data.guidance`). Each registration declares a `SourceSpec`, which the config checks
+read. A source object with `state_dict` / `load_state_dict` keeps state between steps.
+
 The text is data, not a rollout: tokenising it is the same as tokenising a prompt.
 """
 from __future__ import annotations
 
 import string
+from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import Any, Callable
 
 from lmrl.registry import Registry
 from lmrl.types import Group, Origin, Sample
 
-# A source is built from (cfg, tokenizer, scorer) and maps the kept groups to (groups, metrics).
-SAMPLE_SOURCES: Registry = Registry("sample source")
 
-Source = Callable[[list[Group]], tuple[list[Group], dict[str, float]]]
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """What a sample source needs from the config and the data."""
+
+    template: bool = False  # reads task.demonstration
+    scored_alone: bool = True  # scores its samples apart from their group: per-sample rewards only
+    generates: bool = False  # rolls out prompts of its own (single-turn tasks, no group filter)
+    supervised: bool = False  # its rows train only through algo.demo_nll_coef
+    params: type | None = None  # the record of its knobs (data.source_params); `row_fields()`: the fields it reads
+
+
+# A source is built from (cfg, tokenizer, scorer) and maps the kept groups to (groups, metrics).
+SAMPLE_SOURCES: Registry = Registry("sample source", declares=SourceSpec)
+
+Generate = Callable[[list[dict], int], list[Group]]  # (rows, n) -> one unscored group of n rollouts per row
+Source = Callable[..., tuple[list[Group], dict[str, float]]]  # (groups, generate=None) -> (groups, metrics)
 MakeSamples = Callable[[dict], list[Sample]]
 
 
@@ -114,30 +134,47 @@ def sample_source(cfg, tokenizer, scorer) -> Source:
     return SAMPLE_SOURCES.get(cfg.data.demonstrations)(cfg, tokenizer, scorer)
 
 
+def source_params(cfg) -> Any:
+    """The source's knobs (`data.source_params`) as its declared record; a TypeError names an unknown one."""
+    record = SAMPLE_SOURCES.spec(cfg.data.demonstrations).params
+    return record(**cfg.data.source_params) if record is not None else None
+
+
+def source_state(source: Source) -> dict:
+    """What a checkpoint saves of the source (empty for a stateless one)."""
+    return source.state_dict() if hasattr(source, "state_dict") else {}
+
+
+def load_source_state(source: Source, state: dict) -> None:
+    if state and hasattr(source, "load_state_dict"):
+        source.load_state_dict(state)
+
+
 def _demonstration(cfg, tokenizer, origin: Origin) -> MakeSamples:
     one = partial(demonstration_sample, tokenizer, template=cfg.task.demonstration, eos_id=tokenizer.eos_token_id,
                   origin=origin)
     return lambda row: [one(row)]
 
 
-@SAMPLE_SOURCES.register("none", "the rollouts only")
+@SAMPLE_SOURCES.register("none", "the rollouts only", scored_alone=False)
 def rollouts_only(cfg, tokenizer, scorer) -> Source:
-    return lambda groups: (groups, {})
+    return lambda groups, generate=None: (groups, {})
 
 
-@SAMPLE_SOURCES.register("group", "task.demonstration joins every kept group as one more member (GFT)")
+@SAMPLE_SOURCES.register("group", "task.demonstration joins every kept group as one more member (GFT)", template=True)
 def demonstration_members(cfg, tokenizer, scorer) -> Source:
-    return partial(as_members, make=_demonstration(cfg, tokenizer, Origin.DEMONSTRATION), scorer=scorer)
+    make = _demonstration(cfg, tokenizer, Origin.DEMONSTRATION)
+    return lambda groups, generate=None: as_members(groups, make, scorer)
 
 
 @SAMPLE_SOURCES.register("rescue", "task.demonstration as a row of its own for each group where nothing succeeded, "
-                         "outside the advantage estimate (SGT)")
+                         "outside the advantage estimate (SGT)", template=True)
 def rescue_rows(cfg, tokenizer, scorer) -> Source:
-    return partial(where_failed, make=_demonstration(cfg, tokenizer, Origin.RESCUE), scorer=scorer,
-                   accuracy_component=cfg.reward.accuracy_component)
+    make = _demonstration(cfg, tokenizer, Origin.RESCUE)
+    return lambda groups, generate=None: where_failed(groups, make, scorer, cfg.reward.accuracy_component)
 
 
 @SAMPLE_SOURCES.register("peers", "the completions of another policy in task.peer_rollouts join each group (PRP)")
 def peer_members(cfg, tokenizer, scorer) -> Source:
     make = partial(peer_samples, tokenizer, field=cfg.task.peer_rollouts, eos_id=tokenizer.eos_token_id)
-    return partial(as_members, make=make, scorer=scorer)
+    return lambda groups, generate=None: as_members(groups, make, scorer)

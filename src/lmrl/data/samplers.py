@@ -3,9 +3,14 @@
 A sampler has `next_prompts(n)` (the rows to roll out next), `observe(groups)` (the scored groups
 of those rows, every one generated, kept or filtered: what an adaptive sampler learns from),
 `state_dict()` and `load_state_dict(state)` (checkpointed with the run, so a resumed run draws
-the same prompts)."""
+the same prompts). Its constructor takes the training rows, `seed`, optionally `accuracy_component`
+(the run's), and its knobs from `data.sampler_params`. The adaptive samplers (docs/data.md) live in
+`lmrl.data.adaptive`, `heapa` and `rail`."""
 from __future__ import annotations
 
+import copy
+import difflib
+import inspect
 import random
 from typing import Any
 
@@ -29,27 +34,70 @@ class UniformSampler:
         self.position = 0
         self.epoch = 0
 
+    def next_index(self) -> int:
+        """The next row of the current shuffled pass (a new pass starts when one is used up)."""
+        if self.position >= len(self.order):
+            self.order = list(range(len(self.rows)))
+            self.rng.shuffle(self.order)
+            self.position = 0
+            self.epoch += 1
+        self.position += 1
+        return self.order[self.position - 1]
+
     def next_prompts(self, n: int) -> list[dict[str, Any]]:
-        out = []
-        while len(out) < n:
-            if self.position >= len(self.order):
-                self.order = list(range(len(self.rows)))
-                self.rng.shuffle(self.order)
-                self.position = 0
-                self.epoch += 1
-            out.append(self.rows[self.order[self.position]])
-            self.position += 1
-        return out
+        return [self.rows[self.next_index()] for _ in range(n)]
 
     def observe(self, groups: list[Group]) -> None:
         """Uniform sampling learns nothing from rewards."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.getstate(), "order": self.order, "position": self.position, "epoch": self.epoch}
+        return {"rng": self.rng.getstate(), "order": list(self.order), "position": self.position, "epoch": self.epoch}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.setstate(state["rng"])
-        self.order, self.position, self.epoch = state["order"], state["position"], state["epoch"]
+        self.order, self.position, self.epoch = list(state["order"]), state["position"], state["epoch"]
+
+
+RUN_ARGUMENTS = ("rows", "seed", "accuracy_component")  # what the run passes; not knobs
+
+
+def sampler_knobs(name: str) -> list[str] | None:
+    """The knobs `data.sampler_params` may set for sampler `name`; None when it takes any (**kwargs)."""
+    params = inspect.signature(SAMPLERS.get(name)).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.name not in RUN_ARGUMENTS
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def check_sampler_params(name: str, params: dict[str, Any]) -> None:
+    """Refuse knobs sampler `name` does not have, naming the nearest and the ones it has."""
+    if name not in SAMPLERS:
+        return  # the name itself is reported by lmrl.validation
+    knobs = sampler_knobs(name)
+    if knobs is None:
+        return
+    for key in params:
+        if key in RUN_ARGUMENTS:
+            raise ValueError(f"{key} is set by the run (trainer.seed, reward.accuracy_component), not a knob")
+        if key not in knobs:
+            near = difflib.get_close_matches(key, knobs, n=1, cutoff=0.5)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ValueError(f"sampler {name!r} has no knob {key!r}; {hint}its knobs: {', '.join(knobs) or 'none'}")
+
+
+def build_sampler(cfg, rows: list[dict[str, Any]]):
+    """The run's sampler over `rows`: `data.sampler` with `data.sampler_params`, `trainer.seed` and, when
+    its constructor asks for it, `reward.accuracy_component`. A bad knob value is a ConfigError."""
+    from lmrl.config import ConfigError
+
+    cls = SAMPLERS.get(cfg.data.sampler)
+    wanted = inspect.signature(cls).parameters
+    run = {"accuracy_component": cfg.reward.accuracy_component} if "accuracy_component" in wanted else {}
+    try:
+        return cls(rows, seed=cfg.trainer.seed, **run, **copy.deepcopy(cfg.data.sampler_params))
+    except ValueError as err:
+        raise ConfigError(f"data.sampler_params of sampler {cfg.data.sampler!r}: {err}") from None
 
 
 @GROUP_FILTERS.register("none", "keep every group")

@@ -51,8 +51,7 @@ class WorkerPool:
             self.ray = _ray()
             self.actor_class = self.ray.remote(num_cpus=threads, max_restarts=0)(RolloutWorker)
             self.model_ref = self.ray.put(detached_copy(model))
-            self.placement = self.ray.util.placement_group([{"CPU": threads}] * workers, strategy="PACK")
-            self.ray.get(self.placement.ready())
+            self.placement, self.first_bundle, self.own_placement = _placement(self.ray, workers, threads)
         elif backend == "local":
             self.threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout-worker")
         else:
@@ -63,7 +62,7 @@ class WorkerPool:
         if self.backend == "local":
             return RolloutWorker(detached_copy(self.model), *self.args)
         strategy = self.ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy(
-            placement_group=self.placement, placement_group_bundle_index=index)
+            placement_group=self.placement, placement_group_bundle_index=self.first_bundle + index)
         return self.actor_class.options(scheduling_strategy=strategy).remote(self.model_ref, *self.args)
 
     def update_weights(self, named_tensors: dict[str, torch.Tensor] | None, version: int) -> dict[str, float]:
@@ -77,8 +76,8 @@ class WorkerPool:
     def generate(self, prompts, n, params, generator: torch.Generator | None = None):
         if not prompts:
             return []
-        chunks = _split(len(prompts), len(self.workers))
-        seeds = torch.randint(SEED_LIMIT, (len(chunks),), generator=generator).tolist()
+        chunks = split_evenly(len(prompts), len(self.workers))
+        seeds = chunk_seeds(generator, len(chunks))
         jobs = {i: (prompts[a:b], n, params, seed) for i, ((a, b), seed) in enumerate(zip(chunks, seeds)) if b > a}
         results = self._run(jobs)
         return [group for i in sorted(results) for group in results[i]]
@@ -118,12 +117,18 @@ class WorkerPool:
         if self.backend == "ray":
             for w in self.workers:
                 self.ray.kill(w)
-            self.ray.util.remove_placement_group(self.placement)
+            if self.own_placement:
+                self.ray.util.remove_placement_group(self.placement)
         else:
             self.threads.shutdown()
 
 
-def _split(items: int, parts: int) -> list[tuple[int, int]]:
+def chunk_seeds(generator: torch.Generator | None, chunks: int) -> list[int]:
+    """One sampling seed per chunk of a batch, drawn from the run's generator."""
+    return torch.randint(SEED_LIMIT, (chunks,), generator=generator).tolist()
+
+
+def split_evenly(items: int, parts: int) -> list[tuple[int, int]]:
     """`parts` contiguous (start, end) ranges covering `items`, sizes differing by at most one."""
     size, extra = divmod(items, parts)
     bounds, start = [], 0
@@ -132,6 +137,17 @@ def _split(items: int, parts: int) -> list[tuple[int, int]]:
         bounds.append((start, end))
         start = end
     return bounds
+
+
+def _placement(ray, workers: int, threads: int):
+    """(placement group, its first bundle for the workers, whether the pool made it): the group this
+    process's actor runs in when it has a bundle per worker after its own (`loops.on_ray`), else a new one."""
+    current = ray.util.get_current_placement_group()
+    if current is not None and len(current.bundle_specs) == workers + 1:
+        return current, 1, False
+    group = ray.util.placement_group([{"CPU": threads}] * workers, strategy="PACK")
+    ray.get(group.ready())
+    return group, 0, True
 
 
 def _ray():

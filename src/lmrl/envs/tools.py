@@ -91,8 +91,10 @@ def run_python_tool(code: str, timeout_s: float, max_chars: int) -> str:
     return f"error ({result.status}): {detail if isinstance(detail, str) else detail[0]}"[:max_chars]
 
 
-def parse_call(text: str, tools: list[str]) -> tuple[str, dict[str, Any]]:
-    """(tool name, arguments) of one call's JSON; ToolError when it is not a well-formed call."""
+def parse_call(text: str, tools: list[str],
+               schemas: dict[str, dict[str, Any]] = SCHEMAS) -> tuple[str, dict[str, Any]]:
+    """(tool name, arguments) of one call's JSON, checked against the tools' `schemas`; ToolError when it is
+    not a well-formed call."""
     try:
         call = json.loads(text)
     except json.JSONDecodeError as err:
@@ -102,7 +104,7 @@ def parse_call(text: str, tools: list[str]) -> tuple[str, dict[str, Any]]:
     name = call.get("name")
     if name not in tools:
         raise ToolError(f"unknown tool {name!r}; tools: {', '.join(tools)}")
-    spec = SCHEMAS[name]["function"]["parameters"]
+    spec = schemas[name]["function"]["parameters"]
     args = call["arguments"]
     if set(args) != set(spec["required"]) or not all(isinstance(v, str) for v in args.values()):
         raise ToolError(f"{name} takes {{{', '.join(repr(k) + ': string' for k in spec['required'])}}}")

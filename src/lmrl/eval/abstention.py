@@ -110,7 +110,7 @@ def cascade_metrics(replies_per_model: list[list[dict]], lam: float, **detector)
     return metrics
 
 
-def _abstention_params(cfg) -> dict:
+def abstention_params(cfg) -> dict:
     """The first `abstention` component's params in a config (lam and the detector)."""
     for c in cfg.reward.components:
         if c.name == "abstention":
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("a recipe is needed (or --cascade REPLIES...)")
     overrides = list(args.overrides) + ([f"model.path={args.model}"] if args.model else [])
     cfg = load_config(args.recipe, overrides)
-    params = _abstention_params(cfg)
+    params = abstention_params(cfg)
     lam = args.lam if args.lam is not None else float(params.get("lam", 1.0))
     params = {k: v for k, v in params.items() if k in DETECTOR_KEYS}
     path = resolve_model_path(cfg.model.path)

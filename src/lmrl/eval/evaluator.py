@@ -1,34 +1,30 @@
 """Held-out evaluation: greedy accuracy, and pass@k and majority-vote accuracy from sampled completions."""
 from __future__ import annotations
 
-from collections import Counter
+from collections.abc import Callable
 
 import torch
 
 from lmrl.config import EnvConfig, EvalConfig
 from lmrl.engines.base import SamplingParams
 from lmrl.envs.single_turn import rollout
-from lmrl.eval.metrics import mean_pass_at_k
+from lmrl.eval.metrics import majority, mean_pass_at_k
 from lmrl.rewards.compute import RewardScorer
 from lmrl.rewards.gaming import gaming_share
 from lmrl.rewards.group import answer_classes, sample_answer
 from lmrl.types import Group
 
 
-def _correct(groups: list[Group], component: str) -> list[list[bool]]:
+def correct_flags(groups: list[Group], component: str) -> list[list[bool]]:
+    """Per group, per sample: scored correct by the accuracy component (>= 1; excluded samples never)."""
     return [[s.excluded is None and s.rewards.get(component, 0.0) >= 1.0 for s in g.samples] for g in groups]
 
 
 def majority_correct(groups: list[Group], correct: list[list[bool]]) -> list[bool]:
     """Per problem: whether the most frequent answer of its samples (ties: the first seen; the last
     number of a reply without an 'Answer:' marker) is a correct one. Problems with no answer: False."""
-    out = []
-    for group, right in zip(groups, correct):
-        ids = answer_classes([sample_answer(s, fallback="last_number") for s in group.samples])
-        votes = Counter(i for i in ids if i is not None)
-        label = votes.most_common(1)[0][0] if votes else None
-        out.append(label is not None and any(r for i, r in zip(ids, right) if i == label))
-    return out
+    return [majority(answer_classes([sample_answer(s, fallback="last_number") for s in group.samples]), right)[0]
+            for group, right in zip(groups, correct)]
 
 
 def episode_metrics(groups: list[Group]) -> dict[str, float]:
@@ -42,27 +38,39 @@ def episode_metrics(groups: list[Group]) -> dict[str, float]:
     return out
 
 
+def generate_groups(engine, tokenizer, rows: list[dict], n: int, params: SamplingParams, batch_size: int,
+                    generator: torch.Generator | None = None, env: EnvConfig | None = None,
+                    advance: Callable[[int], None] | None = None) -> list[Group]:
+    """`n` completions per row, in engine calls of about `batch_size` completions; `advance(rows)` after
+    each call (a progress bar)."""
+    groups: list[Group] = []
+    per_batch = max(1, batch_size // n)
+    for start in range(0, len(rows), per_batch):
+        chunk = rows[start: start + per_batch]
+        groups += rollout(engine, tokenizer, chunk, n, params, generator, env)
+        if advance is not None:
+            advance(len(chunk))
+    return groups
+
+
 def evaluate(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: EvalConfig,
              max_new_tokens: int, accuracy_component: str, seed: int = 0,
-             env: EnvConfig | None = None) -> tuple[dict[str, float], list[Group]]:
+             environment: EnvConfig | None = None) -> tuple[dict[str, float], list[Group]]:
     """Greedy accuracy on `rows`; with `cfg.samples` > 1 sampled completions per row, pass@k and
     maj@n (the accuracy of each problem's majority answer: what label-free majority-vote training
-    can at best teach). With an `env` naming an environment, each row is a greedy episode (the
+    can at best teach). With an `environment` naming one, each row is a greedy episode (the
     environment's randomness seeded from `seed`, so every evaluation plays the same episodes) and
     the environment's own metrics are reported too (`eval/env/...`)."""
     rows = rows[: cfg.num_prompts] if cfg.num_prompts else rows
     if not rows:
         return {}, []
     budget = cfg.max_new_tokens or max_new_tokens
-    episodes = env is not None and env.name is not None
+    episodes = environment is not None and environment.name is not None
     episode_seeds = torch.Generator().manual_seed(seed) if episodes else None
-    greedy_groups: list[Group] = []
-    for start in range(0, len(rows), cfg.batch_size):
-        chunk = rows[start: start + cfg.batch_size]
-        greedy_groups += rollout(engine, tokenizer, chunk, 1, SamplingParams(max_new_tokens=budget, greedy=True),
-                                 episode_seeds, env)
+    greedy_groups = generate_groups(engine, tokenizer, rows, 1, SamplingParams(max_new_tokens=budget, greedy=True),
+                                    cfg.batch_size, episode_seeds, environment)
     scorer.score(greedy_groups)
-    correct = _correct(greedy_groups, accuracy_component)
+    correct = correct_flags(greedy_groups, accuracy_component)
     lengths = [s.num_generated for g in greedy_groups for s in g.samples]
     metrics = {
         "eval/accuracy": sum(c[0] for c in correct) / len(correct),
@@ -76,12 +84,9 @@ def evaluate(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: Eva
     if cfg.samples > 1:
         gen = torch.Generator().manual_seed(seed)
         params = SamplingParams(max_new_tokens=budget, temperature=cfg.temperature)
-        sampled: list[Group] = []
-        per_batch = max(1, cfg.batch_size // cfg.samples)
-        for start in range(0, len(rows), per_batch):
-            sampled += rollout(engine, tokenizer, rows[start: start + per_batch], cfg.samples, params, gen, env)
+        sampled = generate_groups(engine, tokenizer, rows, cfg.samples, params, cfg.batch_size, gen, environment)
         scorer.score(sampled)
-        sampled_correct = _correct(sampled, accuracy_component)
+        sampled_correct = correct_flags(sampled, accuracy_component)
         for k in cfg.pass_k:
             if k <= cfg.samples:
                 metrics[f"eval/pass@{k}"] = mean_pass_at_k(sampled_correct, k)

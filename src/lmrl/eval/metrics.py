@@ -1,10 +1,11 @@
-"""Evaluation metrics: pass@k, avg@k, distinct-n, ECE, abstention metrics and Holm correction.
+"""Evaluation metrics: pass@k, avg@k, distinct-n, ECE, majority vote, risk–coverage, abstention, Holm.
 
 Pure functions over plain Python / numpy values so the evaluator, the training loop and tests can
 share one definition of each number (formulas on the pages of docs/rewards/ and in docs/methods/).
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -141,3 +142,28 @@ def holm(pvalues: Sequence[float], alpha: float = 0.05) -> tuple[list[bool], lis
     adjusted = np.empty(m)
     adjusted[order] = adjusted_sorted
     return rejected.tolist(), adjusted.tolist()
+
+
+def majority(answers: Sequence[int | None], correct: Sequence[bool]) -> tuple[bool, float]:
+    """(whether the most frequent answer is a correct one, its share of all replies). Ties: the first
+    seen; replies without an answer vote for nothing but count in the share."""
+    votes = Counter(a for a in answers if a is not None)
+    if not votes:
+        return False, 0.0
+    label, count = votes.most_common(1)[0]
+    return any(c for a, c in zip(answers, correct) if a == label), count / len(answers)
+
+
+def risk_coverage(confidence: Sequence[float], correct: Sequence[bool]) -> tuple[list[float], list[float], float]:
+    """Selective prediction by confidence threshold: answer the prompts with confidence >= τ, for every τ
+    seen. Returns coverages, risks (error share among the answered) and AURC = Σ Δcoverage · risk."""
+    conf, hits = np.asarray(confidence, dtype=float), np.asarray(correct, dtype=bool)
+    coverages, risks, area, covered = [], [], 0.0, 0.0
+    for tau in sorted(set(conf.tolist()), reverse=True):
+        answered = conf >= tau
+        coverage, risk = float(answered.mean()), float(1.0 - hits[answered].mean())
+        area += (coverage - covered) * risk
+        covered = coverage
+        coverages.append(coverage)
+        risks.append(risk)
+    return coverages, risks, area

@@ -1,22 +1,20 @@
 """One self-contained HTML report for a run directory (`lmrl report RUN`).
 
-Reads `metrics.jsonl` (plus optional `samples.jsonl` and `config.yaml`) and writes `report.html` with
-headline numbers, one inline-PNG plot per metric family, recent sample completions and the config, so a
-run can be inspected or shared as a single file without a server or external resources.
+Reads `metrics.jsonl` (plus optional `samples.jsonl`, `config.yaml` and the latest `lmrl eval` result in
+`eval/`) and writes `report.html` with headline numbers, one inline-PNG plot per metric family, the
+evaluation suite's plots, recent sample completions and the config, so a run can be inspected or shared
+as a single file without a server or external resources.
 """
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from lmrl.eval.suite_report import figure, latest_suite, load_suite, png_base64, suite_section
 
 SAMPLES_PER_STEP = 3
 MAX_SAMPLE_STEPS = 20
@@ -112,6 +110,12 @@ def _collect_series(rows: list[dict]) -> tuple[dict[str, Series], int]:
     return series, skipped
 
 
+def read_series(run_dir: str | Path) -> dict[str, Series]:
+    """Metric name → Series from a run's metrics.jsonl (malformed lines and rows without a step skipped)."""
+    rows, _ = _read_jsonl(Path(run_dir) / "metrics.jsonl")
+    return _collect_series(rows)[0]
+
+
 def family_of(name: str) -> str:
     """Plot family of a metric name; eval metrics share their train counterpart's family."""
     base = name.removeprefix("eval/")
@@ -132,8 +136,7 @@ def _group(series: dict[str, Series]) -> dict[str, list[Series]]:
 
 def _plot(title: str, members: list[Series]) -> str:
     """Render one family as a base64 PNG (Agg canvas; no pyplot global state)."""
-    fig = Figure(figsize=(6.4, 3.6), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = figure()
     ax = fig.add_subplot()
     for s in members:
         pairs = sorted(zip(s.steps, s.values), key=lambda p: p[0])
@@ -145,10 +148,7 @@ def _plot(title: str, members: list[Series]) -> str:
     ax.set_xlabel("step")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+    return png_base64(fig)
 
 
 def _fmt(value: object) -> str:
@@ -209,7 +209,7 @@ def _samples_section(samples: list[dict]) -> str:
 
 
 def _render(run_name: str, run_dir: Path, series: dict[str, Series], n_rows: int, warnings: list[str],
-            samples: list[dict] | None, config_text: str | None) -> str:
+            samples: list[dict] | None, config_text: str | None, suite_html: str | None = None) -> str:
     parts = [f"<h1>{html.escape(run_name)}</h1>",
              f'<div class="sub">{html.escape(str(run_dir))} · {n_rows} metric rows</div>']
     parts += [f'<p class="note">{html.escape(w)}</p>' for w in warnings]
@@ -223,6 +223,8 @@ def _render(run_name: str, run_dir: Path, series: dict[str, Series], n_rows: int
                   f'src="data:image/png;base64,{_plot(title, members)}"></div>'
                   for title, members in grouped.items()]
         parts += ["</div>", "<h2>Summary</h2>", _summary_table(grouped)]
+    if suite_html:
+        parts.append(suite_html)
     if samples:
         parts += ["<h2>Samples</h2>", _samples_section(samples)]
     if config_text is not None:
@@ -259,7 +261,14 @@ def write_report(run_dir: str | Path) -> Path:
             warnings.append(f"Skipped {bad_samples} malformed line(s) in samples.jsonl.")
     config_path = run_dir / "config.yaml"
     config_text = config_path.read_text(encoding="utf-8") if config_path.is_file() else None
-    page = _render(run_dir.resolve().name, run_dir, series, len(rows), warnings, samples, config_text)
+    suite_html = None
+    suite_path = latest_suite(run_dir)
+    if suite_path is not None:
+        try:
+            suite_html = suite_section(load_suite(suite_path), str(suite_path))
+        except (ValueError, KeyError, TypeError) as err:
+            warnings.append(f"Skipped the evaluation result {suite_path}: {err}")
+    page = _render(run_dir.resolve().name, run_dir, series, len(rows), warnings, samples, config_text, suite_html)
     out = run_dir / "report.html"
     out.write_text(page, encoding="utf-8")
     return out

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from lmrl.algos.inputs import MODEL_OUTPUTS
 from lmrl.data.inputs import PROVIDERS, InputContext
+from lmrl.algos.teacher import DISTILL_INPUTS
 from lmrl.learners.pmi import pmi, pmi_field
+from lmrl.learners.teacher import teacher_inputs
 from lmrl.types import Batch
 
 
@@ -42,3 +44,11 @@ def model_outputs(batch: Batch, ctx: InputContext) -> None:
                     "in `update` when the loss rejects tokens or takes several optimiser steps)", needs={"learner"})
 def old_logprobs(batch: Batch, ctx: InputContext) -> None:
     batch.extras["old_logp"] = ctx.learner.logprobs(batch)
+
+
+@PROVIDERS.register("teacher_logp", "the current policy's log-probs of each completion under its privileged-context "
+                    "teacher prompt, and the tokens distilled (`algo.distill`, learners/teacher.py)",
+                    provides=DISTILL_INPUTS | {"has_teacher"},
+                    needs={"learner", "tokenizer", "samples", "rows", "cfg", "algorithm"})
+def teacher_logprobs(batch: Batch, ctx: InputContext) -> None:
+    teacher_inputs(batch, ctx.samples, ctx.rows, ctx.learner, ctx.tokenizer, ctx.cfg, ctx.algorithm.teacher)

@@ -1,10 +1,13 @@
-"""The single-process learner: log-probs, micro-batching under a token budget, accumulation, updates.
+"""The learner: log-probs, micro-batching under a token budget, accumulation, updates (one process, or one rank).
 
 It is blind to the algorithm: it asks it to prepare advantages and to score micro-batches
 (`Algorithm.objective`), and only handles tensors, precision, memory and the optimiser. Beyond
 log-probs, the packed forward can give the model outputs an algorithm declares (`MODEL_OUTPUTS`:
 value-head values, hidden states, exact token entropies) at the generated positions; the value
 head is a `Linear(hidden, 1)` the learner owns when asked for a critic.
+
+Data-parallel training goes through `parallel` (`lmrl.dist`): which rows this process trains on,
+the global denominators, the gradient all-reduce; on one process those hooks do nothing.
 
 It runs on whatever device the model's parameters are on (docs/devices.md): the value head, the
 reference and the optimiser state follow them; batches stay on the CPU and each micro-batch is
@@ -21,6 +24,7 @@ import torch
 from lmrl.algos.inputs import MODEL_OUTPUTS
 from lmrl.algos.losses import LossInputs
 from lmrl.config import TrainerConfig
+from lmrl.dist.data_parallel import Parallel
 from lmrl.learners.packing import budget_units, fill_budget, pack, prompt_units
 from lmrl.models.weights import is_peft
 from lmrl.types import Batch
@@ -40,15 +44,20 @@ def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, with_entropy:
 
 class Learner:
     """Policy (and frozen reference, when the algorithm needs one; and a value head, when it trains a
-    critic) with AdamW, in one process, on the device of the model's parameters.
+    critic) with AdamW, in one process or as one replica of a data-parallel run, on the device of the
+    model's parameters.
 
     `critic_lr` is the value head's learning rate; with `critic_shares_trunk` the value loss also
     reaches the policy's layers, otherwise the head reads detached hidden states. The reference is
     a frozen copy of the model, or for a peft model the model itself with its adapters disabled.
+    `parallel`: the data-parallel hooks (default: one process); replicas start from rank 0's weights.
     """
 
     def __init__(self, model, cfg: TrainerConfig, temperature: float = 1.0, needs_reference: bool = False,
-                 bf16: bool = False, critic: bool = False, critic_lr: float = 1e-3, critic_shares_trunk: bool = False):
+                 bf16: bool = False, critic: bool = False, critic_lr: float = 1e-3, critic_shares_trunk: bool = False,
+                 parallel: Parallel | None = None):
+        self.parallel = parallel or Parallel()
+        self.parallel.broadcast(model.parameters())
         self.model = model
         self.bf16 = bf16
         self.cfg = cfg
@@ -193,13 +202,18 @@ class Learner:
         gradient is the one of the whole batch. Every mini-batch still takes its optimiser step.
         Denominators come from `algorithm.aggregation_mask` (the completion mask less the tokens the
         loss rejects), computed per mini-batch before its micro-batches run.
+
+        Data-parallel, every rank passes the same batch and trains on its own rows (`parallel.shard`);
+        the mini-batches, denominators, summed gradients and metrics are those of the whole batch.
         """
         self.model.train()
         inert = algorithm.inert_rows(batch).tolist()
-        live = [r for r in range(batch.num_rows) if not inert[r]]
+        mine = self.parallel.shard(batch)
+        own = [r for r in range(batch.num_rows) if mine[r]]
+        live = [r for r in own if not inert[r]]
         steps_per_batch = self.cfg.epochs * self.cfg.mini_batches
         if algorithm.needs_old_logp:  # the loss mask depends on them, on every row of the denominators
-            batch.extras["old_logp"] = self.logprobs(batch)
+            batch.extras["old_logp"] = self.logprobs(batch, rows=own)
         elif steps_per_batch > 1:
             batch.extras["old_logp"] = self.logprobs(batch, rows=live)
         totals: dict[str, float] = {}
@@ -209,7 +223,8 @@ class Learner:
         for _ in range(self.cfg.epochs):
             order = torch.randperm(batch.num_rows, generator=self.shuffle).tolist()
             for chunk in _split(order, self.cfg.mini_batches):
-                scale = algorithm.scale(algorithm.aggregation_mask(batch.select(chunk)))
+                chunk = [r for r in chunk if mine[r]]  # this process's rows of the mini-batch
+                scale = self.parallel.global_scale(algorithm.scale(algorithm.aggregation_mask(batch.select(chunk))))
                 mini = batch.select([r for r in chunk if not inert[r]])
                 self._zero_grads()
                 finite = True
@@ -224,6 +239,9 @@ class Learner:
                     for k, v in metrics.items():
                         totals[k] = totals.get(k, 0.0) + v * w
                         weights[k] = weights.get(k, 0.0) + w
+                finite = self.parallel.agree(finite)  # a non-finite loss on any process skips the step on all
+                if finite:  # each process's loss is its share of the mini-batch's: the gradients add up
+                    self.parallel.reduce_gradients(self._trainable())
                 norm = self._clip_and_norm(self.model.parameters()) if finite else float("nan")
                 critic_norm = self._clip_and_norm(self.value_head.parameters()) if finite and self.value_head else 0.0
                 if not finite or not math.isfinite(norm) or not math.isfinite(critic_norm):
@@ -236,6 +254,7 @@ class Learner:
                 self.optimizer.step()
         if step_scheduler:
             self.scheduler.step()
+        totals, weights = self.parallel.reduce_metrics(totals, weights)
         out = {k: v / max(weights[k], 1.0) for k, v in totals.items()}
         out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         if self.value_head is not None:

@@ -19,8 +19,10 @@ def _clean(value: Any) -> Any:
 
 
 class RunDir:
-    def __init__(self, path: Path):
-        self.path = path
+    """A run's directory and its logs; `muted` for the other ranks of a data-parallel run (rank 0 writes)."""
+
+    def __init__(self, path: Path, muted: bool = False):
+        self.path, self.muted = path, muted
         self.path.mkdir(parents=True, exist_ok=True)
         self.metrics_file = path / "metrics.jsonl"
         self.samples_file = path / "samples.jsonl"
@@ -38,12 +40,16 @@ class RunDir:
         os.replace(tmp, self.path / "config.yaml")
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if self.muted:
+            return
         row = {"step": step, "time": time.time(), **{k: _clean(v) for k, v in metrics.items()}}
         with self.metrics_file.open("a") as f:
             f.write(json.dumps(row) + "\n")
         self.trackers.log(step, metrics)
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        if self.muted:
+            return
         with self.samples_file.open("a") as f:
             for row in rows:
                 f.write(json.dumps({"step": step, **row}) + "\n")

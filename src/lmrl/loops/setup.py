@@ -1,14 +1,17 @@
 """Assembles the stages of a run from its Config: data first (fails fast), then the model."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from lmrl.algos import Algorithm
-from lmrl.config import Config
-from lmrl.data import GROUP_FILTERS, SAMPLERS, sample_source
+from lmrl.config import Config, ConfigError
+from lmrl.dist import DataParallel, Parallel, init_from_env
+from lmrl.dist.rollouts import ShardedRollouts
+from lmrl.data import GROUP_FILTERS, build_sampler, sample_source
+from lmrl.data.probe import bind_probe
 from lmrl.engines import SamplingParams, build_engine, sampling_params
 from lmrl.envs import prepare_data
 from lmrl.learners import Learner
@@ -37,6 +40,7 @@ class Stages:
     generator: torch.Generator
     params: SamplingParams
     data_notes: dict[str, float]
+    parallel: Parallel = field(default_factory=Parallel)  # this process's rank in a data-parallel run
 
 
 def preflight(cfg: Config, rows: int = 16) -> str:
@@ -69,6 +73,7 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
         tokenizer = load_tokenizer(path)
     train, held, notes = prepare_data(cfg, tokenizer)
     check_row_fields(cfg, train)
+    sampler = build_sampler(cfg, train)
     torch.manual_seed(cfg.trainer.seed)
     if model is None:
         model = load_model(resolve_model_path(cfg.model.path))
@@ -78,16 +83,33 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
     bf16 = resolve_bf16(cfg.trainer.bf16, device)
     if bf16 and is_peft(model):
         frozen_base_in_bf16(model)
+    parallel = data_parallel(cfg)
     engine = build_engine(cfg, model, tokenizer)
+    if parallel.world_size > 1:
+        engine = ShardedRollouts(engine, parallel)
     algorithm = Algorithm(cfg.algo, cfg.rollout.max_new_tokens)
     learner = Learner(model, cfg.trainer, cfg.rollout.temperature, needs_reference=algorithm.needs_reference,
                       bf16=bf16, critic=algorithm.critic, critic_lr=cfg.algo.critic_lr,
-                      critic_shares_trunk=cfg.algo.critic_shares_trunk)
-    sampler = SAMPLERS.get(cfg.data.sampler)(train, seed=cfg.trainer.seed)
+                      critic_shares_trunk=cfg.algo.critic_shares_trunk, parallel=parallel)
+    generator = torch.Generator().manual_seed(cfg.trainer.seed)
+    bind_probe(sampler, cfg, engine, model, generator)  # a sampler that checks prompts with the policy
     scorer = RewardScorer(cfg.reward)
     return Stages(
         cfg=cfg, tokenizer=tokenizer, model=model, engine=engine, algorithm=algorithm, learner=learner,
         sampler=sampler, keep_group=GROUP_FILTERS.get(cfg.data.group_filter), scorer=scorer,
         add_samples=sample_source(cfg, tokenizer, scorer), eval_rows=held,
-        generator=torch.Generator().manual_seed(cfg.trainer.seed), params=sampling_params(cfg), data_notes=notes,
+        generator=generator, params=sampling_params(cfg), data_notes=notes, parallel=parallel,
     )
+
+
+def data_parallel(cfg: Config) -> Parallel:
+    """This process's place in a data-parallel run (launched by torchrun, or a group already joined):
+    its ranks generate a share of each batch and train a share of it (docs/scaling.md)."""
+    import torch.distributed as dist
+
+    parallel = DataParallel() if dist.is_initialized() else init_from_env()
+    if parallel.world_size > 1 and (cfg.rollout.max_staleness is not None or cfg.dist.backend != "none"
+                                    or cfg.rollout.engine != "hf"):
+        raise ConfigError("a data-parallel run (several ranks) uses the synchronous loop with each rank's own hf "
+                          "engine: unset rollout.max_staleness, keep dist.backend=none and rollout.engine=hf")
+    return parallel

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from statistics import mean
 
 from lmrl.config import Config, ConfigError, check_resume_config, load_run_config
-from lmrl.data import InputContext
+from lmrl.data import InputContext, load_source_state, source_state
 from lmrl.envs import expand_prompts, pooled, prompt_families, rollout
 from lmrl.eval.evaluator import evaluate
 from lmrl.learners.checkpoint import (clean_partial, latest_checkpoint, load_checkpoint, restore_rng, rng_state,
@@ -21,7 +22,8 @@ from lmrl.loops.batching import to_batch
 from lmrl.loops.progress import StepProgress
 from lmrl.loops.providers import provide, requested_inputs
 from lmrl.loops.run_dir import RunDir
-from lmrl.loops.setup import Stages, build_stages
+from lmrl.dist import Parallel
+from lmrl.loops.setup import Stages, build_stages, data_parallel
 from lmrl.eval.trackers import Trackers
 from lmrl.models.threads import apply_threads
 from lmrl.rewards.gaming import gaming_metrics
@@ -61,9 +63,14 @@ def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float
         batches += 1
     metrics = {k: v / batches for k, v in metrics.items()}
     metrics.update({"data/gen_batches": float(batches), "data/kept_groups": float(min(len(kept), prompts))})
-    chosen, added = s.add_samples([g for f in kept[:prompts] for g in f])
+    chosen, added = s.add_samples([g for f in kept[:prompts] for g in f], partial(source_rollout, s))
     metrics.update(added)
     return seen, chosen, metrics
+
+
+def source_rollout(s: Stages, rows: list[dict], n: int) -> list[Group]:
+    """`n` rollouts of each of `rows` with the run's engine: the sample source's own prompts (unscored)."""
+    return rollout(s.engine, s.tokenizer, rows, n, s.params, s.generator, s.cfg.env)
 
 
 def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, float]:
@@ -98,14 +105,19 @@ def step_boundary(s: Stages, gens: dict, run: RunDir) -> dict:
     """Everything besides the weights that a checkpoint at the end of this step must restore, including
     how far the logs had got (a resumed run rewinds them there and logs the rest again)."""
     return {"sampler": s.sampler.state_dict(), "rng": rng_state(gens), "algorithm": s.algorithm.state_dict(),
-            "rewards": s.scorer.state_dict(), "logs": run.positions()}
+            "rewards": s.scorer.state_dict(), "sample_source": source_state(s.add_samples), "logs": run.positions()}
 
 
-def open_run(cfg: Config, resume: Path | None) -> RunDir:
-    """The run directory: a new one, or `resume`, whose own config must match `cfg` (but for resumable keys)."""
+def open_run(cfg: Config, resume: Path | None, parallel: Parallel | None = None) -> RunDir:
+    """The run directory: a new one, or `resume`, whose own config must match `cfg` (but for resumable keys).
+    In a data-parallel run rank 0 opens it and the other ranks get it muted."""
+    parallel = parallel or Parallel()
     if resume is not None and (Path(resume) / "config.yaml").exists():
         check_resume_config(load_run_config(resume), cfg, resume)
+    if not parallel.is_main:
+        return RunDir(parallel.gather_objects(None)[0], muted=True)
     run = RunDir.new(cfg) if resume is None else RunDir(Path(resume))
+    parallel.gather_objects(run.path)
     run.write_config(cfg)  # first thing: a run killed while it loads can already be resumed
     clean_partial(run.checkpoints)
     run.trackers = Trackers.from_config(cfg.run.trackers, run.path, cfg.model_dump(mode="json"))
@@ -117,9 +129,19 @@ def train(cfg: Config, resume: Path | None = None, stages: Stages | None = None)
 
     Killed at any moment, a run resumed with `resume` ends with the same weights, optimiser state and
     logs as if it had never stopped: each step's evaluation happens before its checkpoint, and the
-    checkpoint records how far the logs had got (docs/runs.md).
+    checkpoint records how far the logs had got (docs/runs.md). With `dist.backend: ray` (and no
+    `stages` given) the loop runs inside a Ray actor, beside its rollout actors (`loops.on_ray`).
     """
-    run = open_run(cfg, resume)
+    if cfg.dist.backend == "ray" and stages is None:
+        from lmrl.loops.on_ray import train_on_ray
+
+        return train_on_ray(cfg, resume)
+    return train_here(cfg, resume, stages)
+
+
+def train_here(cfg: Config, resume: Path | None = None, stages: Stages | None = None) -> RunResult:
+    """`train` in this process (one rank of a data-parallel run under torchrun)."""
+    run = open_run(cfg, resume, stages.parallel if stages else data_parallel(cfg))
     with run.trackers:
         return run_steps(cfg, run, resume, stages or build_stages(cfg))
 
@@ -141,6 +163,7 @@ def resume_state(s: Stages, run: RunDir, resume: Path | None, gens: dict, result
     restore_rng(state["rng"], gens)
     s.algorithm.load_state_dict(state.get("algorithm", {}))
     s.scorer.load_state_dict(state.get("rewards", {}))
+    load_source_state(s.add_samples, state.get("sample_source", {}))
     result.eval_before, result.eval_after = state.get("eval_before", {}), state.get("eval_after", {})
     s.engine.update_weights(None, start)
     if "logs" in state:
@@ -172,16 +195,19 @@ def evaluate_now(s: Stages, run: RunDir, step: int, engine=None) -> dict[str, fl
     cfg = s.cfg
     metrics, groups = evaluate(engine or s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval,
                                cfg.rollout.max_new_tokens, cfg.reward.accuracy_component, seed=cfg.trainer.seed,
-                               env=cfg.env)
+                               environment=cfg.env)
     run.log(step, metrics)
     run.log_samples(step, [_sample_row(g, "eval") for g in groups[:3]])
     return metrics
 
 
 def save(s: Stages, run: RunDir, step: int, result: "RunResult", boundary: dict) -> None:
-    save_checkpoint(run.checkpoints, step, s.model, s.tokenizer, s.learner.optimizer, s.learner.scheduler,
-                    {"step": step, "eval_before": result.eval_before, "eval_after": result.eval_after, **boundary},
-                    keep=s.cfg.run.keep_checkpoints, modules=s.learner.modules())
+    """A checkpoint at `step`: rank 0 writes it while the other ranks wait."""
+    if s.parallel.is_main:
+        save_checkpoint(run.checkpoints, step, s.model, s.tokenizer, s.learner.optimizer, s.learner.scheduler,
+                        {"step": step, "eval_before": result.eval_before, "eval_after": result.eval_after, **boundary},
+                        keep=s.cfg.run.keep_checkpoints, modules=s.learner.modules())
+    s.parallel.barrier()
 
 
 def log_inputs_order(s: Stages, run: RunDir) -> None:
@@ -204,7 +230,7 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
         result.eval_before = evaluate_now(s, run, 0)
     boundary = step_boundary(s, gens, run)
     done, saved, updates_at_boundary = start, start, s.learner.optimizer_steps
-    progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress)
+    progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress and s.parallel.is_main)
     try:
         with progress:
             for step in range(start + 1, cfg.trainer.steps + 1):
@@ -241,7 +267,8 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                     save(s, run, step, result, boundary)
                     saved = step
     except BaseException:
-        if done > saved and s.learner.optimizer_steps == updates_at_boundary:  # weights still match `boundary`
+        # weights still match `boundary` (one process: the other ranks of a parallel run may be gone)
+        if done > saved and s.learner.optimizer_steps == updates_at_boundary and s.parallel.world_size == 1:
             save(s, run, done, result, boundary)
         raise
     return result

@@ -1,0 +1,145 @@
+"""Distillation from a privileged-context teacher: the policy itself, shown something the student was not.
+
+A teacher context (registry `TEACHER_CONTEXTS`, chosen by `algo.distill.context`) is built once per run
+from `algo.distill.params` and called on each batch as `context(samples, rows, correct)`: the scored
+samples, their task rows and whether each one's accuracy reward is 1. It returns, per sample, None (no
+teacher) or a text the teacher prompt gets beyond the student's. The learner side
+(`lmrl.learners.teacher`) scores each completion under that prompt; the objective adds
+`coef · estimator(log π, log π_teacher)` on the tokens `distill_mask` selects (docs/methods/hindsearch.md).
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from lmrl.algos.kl import k3
+from lmrl.registry import Registry
+from lmrl.rewards.judge_client import JudgeError, strip_reasoning
+from lmrl.rewards.judges import make_judge
+from lmrl.types import Sample
+
+TEACHER_CONTEXTS: Registry = Registry("teacher context")
+DISTILL_INPUTS = frozenset({"teacher_logp", "teacher_mask"})
+TOOL_CALL = "<tool_call>"
+
+CRITIQUE = ("A model tried to solve the task below and got it wrong.\n\nTask:\n{question}\n\nIts attempt:\n"
+            "{trajectory}\n\nCorrect answer: {answer}\n\nIn two or three sentences, say what went wrong and what it "
+            "should have done instead (which step, search or tool call would have helped).")
+
+
+def k1_distill(logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """Value k1 = log π − log π_T; gradient k1 · ∇log π (the reverse KL's score-function form, per token).
+
+    The plain k1 as a loss has gradient ∇log π whatever the teacher says; this form pulls log π down
+    where it is above the teacher's and up where it is below."""
+    d = (logp - teacher_logp).detach()
+    return d + d * (logp - logp.detach())
+
+
+DISTILL_ESTIMATORS = {"k1": k1_distill, "k3": k3}
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int]]:
+    """(start, length) of each run of 1s."""
+    runs, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append((start, i - start))
+            start = None
+    return runs
+
+
+def policy_turns(sample: Sample) -> list[tuple[int, int, str]]:
+    """(start, length, reply) of each trained policy turn: the runs of `loss_mask` == 1, matched in order
+    with the episode's replies (`info["messages"]`) that kept tokens in the loss."""
+    if sample.loss_mask is None:
+        return [(0, len(sample.completion_ids), sample.info.get("text", ""))]
+    info = sample.info
+    replies = [m["content"] for m in info.get("messages", []) if m["role"] == "assistant"]
+    replies = replies[len(replies) - info.get("turns", len(replies)):]
+    lengths = info.get("turn_lengths") or [1] * len(replies)
+    eligible = info.get("turn_eligible") or [True] * len(replies)
+    kept = [r for r, n, ok in zip(replies, lengths, eligible) if ok and n > 0]
+    runs = _runs(sample.loss_mask)
+    if len(runs) != len(kept):
+        raise ValueError(f"a sample has {len(runs)} runs of policy tokens but {len(kept)} trained replies in "
+                         "info['messages']; its turns cannot be told apart")
+    return [(start, n, reply) for (start, n), reply in zip(runs, kept)]
+
+
+def distill_mask(sample: Sample, tokens: str) -> list[int]:
+    """Per completion token, 1 where the distillation term applies: every policy token (`all`), or the
+    tokens of policy turns whose reply contains a tool call (`tool_calls`); environment tokens never."""
+    if tokens == "all":
+        return list(sample.loss_mask) if sample.loss_mask is not None else [1] * len(sample.completion_ids)
+    mask = [0] * len(sample.completion_ids)
+    for start, length, reply in policy_turns(sample):
+        if TOOL_CALL in reply:
+            mask[start:start + length] = [1] * length
+    return mask
+
+
+def opening_end(sample: Sample) -> int:
+    """Index in `info["messages"]` of the first policy reply (the opening chat is everything before it)."""
+    messages = sample.info.get("messages") or []
+    assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    turns = sample.info.get("turns", len(assistant))
+    return assistant[len(assistant) - turns] if turns else len(messages)
+
+
+def trajectory_text(sample: Sample) -> str:
+    """What the policy did: its replies and the environment's answers, one `[role] content` per message
+    (a single-turn sample: its completion text)."""
+    messages = sample.info.get("messages")
+    if not messages:
+        return sample.info.get("text", "")
+    return "\n".join(f"[{m['role']}] {m['content']}" for m in messages[opening_end(sample):])
+
+
+def with_context(messages: list[dict[str, Any]], context: str) -> list[dict[str, Any]]:
+    """The opening chat with `context` appended to its last user message after a blank line (a user
+    message holding only `context` is added when there is none)."""
+    out = [dict(m) for m in messages]
+    users = [i for i, m in enumerate(out) if m["role"] == "user"]
+    if not users:
+        return [*out, {"role": "user", "content": context}]
+    out[users[-1]]["content"] = f"{out[users[-1]]['content']}\n\n{context}"
+    return out
+
+
+@TEACHER_CONTEXTS.register("hindsight_critique", "HindSearch: a frozen judge's short critique of each failed "
+                                                 "trajectory, written with the gold answer in view")
+class HindsightCritique:
+    """Per failed sample, one judge call (question, trajectory, gold answer) → "Hindsight: <critique>".
+
+    `judge`: a `JudgeClient` mapping or an object with `chat(messages)` (`make_judge`); `template` uses
+    {question}, {trajectory}, {answer}; the critique is cut to `max_chars`. A call that fails for good
+    (`JudgeError`) or an empty critique leaves its sample without a teacher.
+    """
+
+    def __init__(self, judge: Any = None, template: str | None = None, max_chars: int = 1000, concurrency: int = 4):
+        self.client = make_judge(judge)
+        self.template, self.max_chars, self.concurrency = template or CRITIQUE, max_chars, max(1, concurrency)
+
+    def critique(self, sample: Sample, row: dict[str, Any]) -> str | None:
+        prompt = self.template.format(question=row["question"], trajectory=trajectory_text(sample),
+                                      answer=row["answer"])
+        try:
+            reply = strip_reasoning(self.client.chat([{"role": "user", "content": prompt}]))
+        except JudgeError:
+            return None
+        return f"Hindsight: {reply[: self.max_chars]}" if reply else None
+
+    def __call__(self, samples: list[Sample], rows: list[dict], correct: list[bool]) -> list[str | None]:
+        failed = [i for i, ok in enumerate(correct) if not ok]
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            critiques = list(pool.map(lambda i: self.critique(samples[i], rows[i]), failed))
+        out: list[str | None] = [None] * len(samples)
+        for i, text in zip(failed, critiques):
+            out[i] = text
+        return out
+

@@ -1,0 +1,152 @@
+"""RAIL: choosing an intervention per prompt slot with a contextual bandit (docs/data.md).
+
+The spec's RAIL is a rollout controller (arms: none, resample from prefix k, branch, hint). A sampler
+can carry out the prompt-level arms: `none` (the next row of the shuffled pass), `retry` (roll out
+again a prompt whose last group had no learning signal: a resample from prefix 0) and `revisit`
+(roll out again one whose last group had signal). Arms that act inside a rollout need a rollout
+controller in the loop and are not offered.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+
+from lmrl.data.prompt_stats import PromptStats, base_uid
+from lmrl.data.samplers import SAMPLERS, UniformSampler
+from lmrl.types import Group
+
+ARMS = ("none", "retry", "revisit")
+POLICIES = ("linucb", "thompson")
+
+
+class LinearBandit:
+    """Disjoint linear contextual bandit: per arm a ridge regression of the bandit reward on the context
+    (A = ridge·I + Σ x xᵀ, b = Σ r x, θ = A⁻¹ b); LinUCB scores θᵀx + alpha·√(xᵀA⁻¹x), Thompson
+    scores θ̃ᵀx with θ̃ ~ N(θ, alpha² A⁻¹)."""
+
+    def __init__(self, arms: int, dim: int, policy: str = "linucb", alpha: float = 0.5, ridge: float = 1.0,
+                 seed: int = 0):
+        if policy not in POLICIES or alpha < 0 or ridge <= 0:
+            raise ValueError(f"need policy in {POLICIES}, alpha ≥ 0, ridge > 0 (got {policy!r}, {alpha}, {ridge})")
+        self.policy, self.alpha = policy, float(alpha)
+        self.A = torch.eye(dim, dtype=torch.float64).repeat(arms, 1, 1) * ridge
+        self.b = torch.zeros(arms, dim, dtype=torch.float64)
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def choose(self, x: list[float], allowed: list[int] | None = None, greedy: bool = False) -> int:
+        """The arm with the best score for context `x` among `allowed` (greedy: the estimate alone)."""
+        v = torch.tensor(x, dtype=torch.float64)
+        scores = []
+        for a in allowed if allowed is not None else range(len(self.b)):
+            inv = torch.linalg.inv(self.A[a])
+            theta = inv @ self.b[a]
+            if greedy or self.alpha == 0:
+                score = float(theta @ v)
+            elif self.policy == "linucb":
+                score = float(theta @ v) + self.alpha * math.sqrt(float(v @ inv @ v))
+            else:
+                noise = torch.randn(len(v), generator=self.gen, dtype=torch.float64)
+                score = float((theta + self.alpha * torch.linalg.cholesky(inv) @ noise) @ v)
+            scores.append((score, a))
+        return max(scores, key=lambda s: (s[0], -s[1]))[1]
+
+    def update(self, arm: int, x: list[float], reward: float) -> None:
+        v = torch.tensor(x, dtype=torch.float64)
+        self.A[arm] += torch.outer(v, v)
+        self.b[arm] += reward * v
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"A": self.A.clone(), "b": self.b.clone(), "gen": self.gen.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.A, self.b = state["A"].clone(), state["b"].clone()
+        self.gen.set_state(state["gen"])
+
+
+@SAMPLERS.register("rail", "RAIL: a contextual bandit picks per slot a fresh prompt, a retry or a revisit")
+class RailSampler(UniformSampler):
+    """RAIL (confidence low: a reconstruction from the abstract, at the prompt level).
+
+    Each slot of a batch is one bandit decision among the arms available (`retry` needs a prompt whose
+    last group's metric was constant, `revisit` one whose last group's varied). Context: [1, recent
+    mean metric, recent share of groups without signal] (exponential averages). Bandit reward: the
+    group's learning signal (standard deviation of its metric) minus the no-intervention estimate
+    (the mean signal of the `none` groups so far). Shadow-to-live: until the policy version reaches
+    `shadow_steps` every slot is `none` (uniform) and each draw is credited to the arm it amounts to
+    (a seen prompt drawn again is a retry or a revisit), so the bandit learns from the logged trace
+    before it chooses live.
+    """
+
+    EMA = 0.9  # weight of the past in the context's running averages
+
+    def __init__(self, rows: list[dict[str, Any]], seed: int = 0, accuracy_component: str = "answer",
+                 policy: str = "linucb", alpha: float = 0.5, ridge: float = 1.0, shadow_steps: int = 2,
+                 metric: str = "reward"):
+        super().__init__(rows, seed)
+        if shadow_steps < 0:
+            raise ValueError(f"shadow_steps must be ≥ 0 (got {shadow_steps})")
+        self.bandit = LinearBandit(len(ARMS), 3, policy, alpha, ridge, seed)
+        self.stats = PromptStats(metric, accuracy_component)
+        self.shadow_steps = shadow_steps
+        self.index = {str(r["uid"]): i for i, r in enumerate(rows)}
+        self.signal: dict[int, float] = {}  # row -> learning signal of its last group
+        self.context = [1.0, 0.0, 0.0]
+        self.baseline = [0.0, 0]  # sum and count of the `none` groups' signals
+        self.pending: dict[int, list[tuple[int, list[float]]]] = {}  # row -> (arm, context) per draw
+
+    def arm_rows(self, arm: int, taken: set[int]) -> list[int]:
+        """The rows arm `arm` may draw now (for retry/revisit: seen rows of its kind not yet in the batch)."""
+        flat = arm == ARMS.index("retry")
+        return sorted(i for i, s in self.signal.items() if (s == 0) == flat and i not in taken)
+
+    def next_prompts(self, n: int) -> list[dict[str, Any]]:
+        live = self.stats.clock >= self.shadow_steps
+        chosen: list[int] = []
+        for _ in range(n):
+            if live:
+                allowed = [a for a in range(len(ARMS)) if a == 0 or self.arm_rows(a, set(chosen))]
+                arm = self.bandit.choose(self.context, allowed)
+                i = self.next_index() if arm == 0 else self.rng.choice(self.arm_rows(arm, set(chosen)))
+            else:
+                i = self.next_index()
+                arm = 0 if i not in self.signal else ARMS.index("retry" if self.signal[i] == 0 else "revisit")
+            self.pending.setdefault(i, []).append((arm, list(self.context)))
+            chosen.append(i)
+        return [self.rows[i] for i in chosen]
+
+    def observe(self, groups: list[Group]) -> None:
+        self.stats.observe(groups)
+        for group in groups:
+            i = self.index.get(base_uid(group))
+            values = self.stats.group_values(group)
+            if i is None or not values:
+                continue
+            mean = sum(values) / len(values)
+            signal = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+            self.signal[i] = signal
+            if self.pending.get(i):
+                arm, x = self.pending[i].pop(0)
+                if not self.pending[i]:
+                    del self.pending[i]
+                baseline = self.baseline[0] / self.baseline[1] if self.baseline[1] else 0.0
+                self.bandit.update(arm, x, signal - baseline)
+                if arm == 0:
+                    self.baseline = [self.baseline[0] + signal, self.baseline[1] + 1]
+            e = self.EMA
+            self.context = [1.0, e * self.context[1] + (1 - e) * mean, e * self.context[2] + (1 - e) * (signal == 0)]
+
+    def state_dict(self) -> dict[str, Any]:
+        own = copy.deepcopy({"signal": self.signal, "context": self.context, "baseline": self.baseline,
+                             "pending": self.pending})
+        return {**super().state_dict(), **own, "bandit": self.bandit.state_dict(), "stats": self.stats.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        own = copy.deepcopy(state)
+        self.signal, self.context, self.baseline = own["signal"], own["context"], own["baseline"]
+        self.pending = own["pending"]
+        self.bandit.load_state_dict(state["bandit"])
+        self.stats.load_state_dict(state["stats"])
