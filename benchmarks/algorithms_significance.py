@@ -180,10 +180,10 @@ def report(a: dict) -> str:
     for t in a["seed_pairs"]:
         lines.append(f"| {t.metric} | {t.reference:.2f} | {t.other:.2f} | {t.diff:+.2f} [{t.low:+.2f}, {t.high:+.2f}] "
                      f"| {_p(t.p)} | {_p(t.p_holm)} |")
+    above, n = a["trained_above_baseline"], a["trained_runs"]
     lines += ["", f"Left out (one seed, identical to GRPO's seed 0): {', '.join(a['single_seed'])}.",
-              f"Untrained model: {a['baseline']:.2f}; {a['trained_above_baseline']} of {a['trained_runs']} trained "
-              f"runs end above it (sign test, one-sided p = {_p(_sign_p(a['trained_above_baseline'], a['trained_runs']))}).",
-              ""]
+              f"Untrained model: {a['baseline']:.2f}; {above} of {n} trained runs end above it (sign test, "
+              f"one-sided p = {_p(_sign_p(above, n))}).", ""]
     return "\n".join(lines)
 
 

@@ -5,9 +5,9 @@
 SFT and RL are model directories, lmrl checkpoints or runs (their latest checkpoint; LoRA ones are
 merged into their base first). For each λ (default 0, 0.25, 0.5, 0.75, 1) the policy is
 θ(λ) = (1−λ)·θ_SFT + λ·θ_RL (or SLERP with `--method slerp`), evaluated greedily on the recipe's
-held-out prompts with the recipe's reward, as `lmrl eval` does. The model is built once and each
-θ(λ) is loaded into it in memory. The table has the accuracy, the mean response length and the
-distance ‖θ(λ) − θ_SFT‖ / ‖θ_RL − θ_SFT‖ (λ itself for linear interpolation).
+held-out prompts with the recipe's reward, as the in-run evaluation does. The model is built once
+and each θ(λ) is loaded into it in memory. The table has the accuracy, the mean response length and
+the distance ‖θ(λ) − θ_SFT‖ / ‖θ_RL − θ_SFT‖ (λ itself for linear interpolation).
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ LAMBDAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 def _distance(state: dict, sft: dict, rl: dict) -> float:
     """‖θ − θ_SFT‖ / ‖θ_RL − θ_SFT‖ over the floating-point tensors (0 when the endpoints coincide)."""
-    num = sum(float((state[k].double().cpu() - sft[k].double()).pow(2).sum()) for k in sft if sft[k].is_floating_point())
-    den = sum(float((rl[k].double() - sft[k].double()).pow(2).sum()) for k in sft if sft[k].is_floating_point())
+    keys = [k for k in sft if sft[k].is_floating_point()]
+    num = sum(float((state[k].double().cpu() - sft[k].double()).pow(2).sum()) for k in keys)
+    den = sum(float((rl[k].double() - sft[k].double()).pow(2).sum()) for k in keys)
     return (num / den) ** 0.5 if den > 0 else 0.0
 
 
@@ -44,7 +45,7 @@ def sweep(sft: str, rl: str, recipe: str = "quickstart", overrides: list[str] | 
             s.model.load_state_dict(merge_state_dicts(states, method, t=lam))
             s.engine.update_weights(None, i + 1)
             metrics, _ = evaluate(s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval, cfg.rollout.max_new_tokens,
-                                  cfg.reward.accuracy_component, seed=cfg.trainer.seed, env=cfg.env)
+                                  cfg.reward.accuracy_component, cfg.trainer.seed, cfg.env)
             rows.append({"lambda": lam, "distance": _distance(s.model.state_dict(), *states), **metrics})
     return rows
 

@@ -1,4 +1,4 @@
-"""The specification-gaming probe (`gaming_probe`): replies that exploit the loose grader are counted, honest ones not."""
+"""The specification-gaming probe (`gaming_probe`): exploiting replies are counted, honest ones are not."""
 from __future__ import annotations
 
 import pytest

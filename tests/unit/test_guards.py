@@ -1,4 +1,4 @@
-"""Failure-mode guards (algos/guards.py): hand-checked detection, the streak, and rollback to the last good checkpoint."""
+"""Failure-mode guards (algos/guards.py): hand-checked detection, the streak, rollback to the last good checkpoint."""
 from __future__ import annotations
 
 import json

@@ -155,3 +155,20 @@ def test_reflect_and_revise_by_hand():
     _, state = ReviseEnv(max_attempts=1).reset(row, seed=0)
     last = ReviseEnv(max_attempts=1).step("Answer: 8", state)
     assert last.done and last.reward == 0.0
+
+
+def test_code_interpreter_runs_blocks_shows_output_and_ends_on_a_plain_reply():
+    from lmrl.envs.code_interpreter import CodeInterpreterEnv
+
+    env = CodeInterpreterEnv(timeout_s=2.0)
+    messages, state = env.reset({"question": "What is 12 * 34?"}, 0)
+    assert [m["role"] for m in messages] == ["system", "user"] and "```python" in messages[0]["content"]
+    step = env.step("Let me compute.\n```python\nprint(12 * 34)\n```", state)
+    assert step.observation == [{"role": "user", "content": "Output:\n408\n"}] and step.reward == 0.1
+    step = env.step("```py\nprint(1 / 0)\n```", state)
+    assert step.observation[0]["content"].startswith("Output:\nerror") and step.reward == -0.1 and not step.done
+    step = env.step("```\nwhile True: pass\n```", state)
+    assert "timeout" in step.observation[0]["content"] and step.reward == -0.1
+    step = env.step("So the product is 408. Answer: 408", state)
+    assert step.done and step.observation is None and step.reward == 0.0
+    assert step.info["metrics"] == {"env/code_runs": 3.0, "env/code_errors": 2.0}

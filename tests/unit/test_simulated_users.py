@@ -89,7 +89,8 @@ def test_promed_spec_hand_case():
     assert [round(x, 3) for x in w] == [0.391, 0.320, 0.289]
     g = w[0] + w[2]
     assert round(g, 3) == 0.680
-    assert doctor_turn_rewards([("question", g, False)], correct=True, alpha=2, beta=1)[0] == pytest.approx(2.04, abs=5e-3)
+    reward = doctor_turn_rewards([("question", g, False)], correct=True, alpha=2, beta=1)[0]
+    assert reward == pytest.approx(2.04, abs=5e-3)
     assert doctor_turn_rewards([("question", g, True), ("answer", 0.0, True)], correct=False) == \
         pytest.approx([2 * g + 1, 1.0])
     assert doctor_turn_rewards([("question", 0.5, False), ("answer", 0.0, True)], correct=True) == [1.5, 4.0]
@@ -146,7 +147,8 @@ def test_questions_reveal_keyword_facts_once_and_a_few_at_a_time():
     assert well_formatted("question: any fever?", "question") and not well_formatted("so, question: x", "question")
     assert not well_formatted("question: fever? answer: flu", "question") and well_formatted(" Answer: flu", "answer")
     options = ["influenza", "migraine", "common cold"]
-    assert is_correct(" Influenza.", "influenza", options) and not is_correct("influenza or migraine", "influenza", options)
+    assert is_correct(" Influenza.", "influenza", options)
+    assert not is_correct("influenza or migraine", "influenza", options)
     assert not is_correct("a cold", "influenza", options)
 
 
@@ -213,6 +215,16 @@ def test_sales_env_rewards_the_shoppers_decision():
     assert env.step("Hello!", state).reward == 0.0  # decided after one turn: premature
     with pytest.raises(ValueError, match="judge"):
         SalesEnv(user=Scripted(), w_quality=0.5)
+
+
+def test_sales_quality_judge_adds_its_weighted_rating():
+    env = SalesEnv(user=Scripted("Hmm.", "LEAVE"), w_da=1.0, w_quality=0.5, judge={"base_url": "http://127.0.0.1:9/v1"})
+    env.judge = Scripted("The salesperson was clear. Score: 7")  # a judge is any chat client
+    _, state = env.reset({"persona": {**make_persona(0), "acceptable": []}}, seed=0)
+    env.step("Hello, what do you need?", state)
+    step = env.step("Sorry, nothing fits.", state)
+    assert step.reward == pytest.approx(1.0 + 0.5 * 6 / 9) and step.info["metrics"]["env/quality"] == pytest.approx(6 / 9)
+    assert "Salesperson: Sorry, nothing fits." in env.judge.seen[0][0]["content"]
 
 
 def test_doctor_env_with_a_tiny_scorer_and_patient(tiny):

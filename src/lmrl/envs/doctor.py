@@ -41,9 +41,9 @@ from lmrl.learners.policy import selected_logprobs
 DOCTOR_SYSTEM = ("You are a doctor talking to a patient. Ask one short question per reply, starting with "
                  "'question:'. When you know the diagnosis, reply 'answer: <diagnosis>', naming one of: {options}. "
                  "You can ask at most {questions} questions.")
-PATIENT_SYSTEM = ("You are role-playing a patient who came to a doctor saying: {complaint} Answer the doctor's last "
-                  "question in one or two short sentences, in your own words, telling only this: {told} Do not "
-                  "name a diagnosis.")
+PATIENT_SYSTEM = ("You are role-playing a patient (not the doctor). The doctor just asked you a question. Reply as the "
+                  "patient, in the first person, in one or two short sentences, telling only this: {told} Do not name "
+                  "a diagnosis.")
 NOT_SURE = "I'm not sure. I haven't noticed anything like that."
 ANSWER = re.compile(r"^\s*answer\s*:(?P<text>.*)", re.IGNORECASE | re.MULTILINE | re.DOTALL)
 
@@ -168,8 +168,8 @@ def case_row(index: int, case: tuple[str, str, list[tuple[str, str]]], n_options
     """A task row of a shipped case; the options are the diagnosis and others drawn with the case index."""
     diagnosis, complaint, facts = case
     others = random.Random(index).sample([c[0] for c in CASES if c[0] != diagnosis], n_options - 1)
-    return {"uid": f"doctor-{index}", "question": complaint, "answer": diagnosis, "options": sorted([*others, diagnosis]),
-            "facts": [f for f, _ in facts], "keywords": [k.split() for _, k in facts]}
+    return {"uid": f"doctor-{index}", "question": complaint, "answer": diagnosis,
+            "options": sorted([*others, diagnosis]), "facts": [f for f, _ in facts], "keywords": [k.split() for _, k in facts]}
 
 
 @TASKS.register("doctor", "synthetic patient cases with hidden facts and a diagnosis to find (env.name: doctor)")
@@ -195,17 +195,22 @@ class DoctorEnv:
         self.scorer = make_scorer(scorer)
         self.user = SimulatedUser.build(user, user_max_tokens, user_temperature) if user else None
         self._phi: dict[str, list[float]] = {}
+        self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
     def shapley(self, row: dict[str, Any]) -> list[float]:
-        """φ of the case's facts, computed once per row uid (seeded by it, so reproducible)."""
+        """φ of the case's facts, computed once per row uid (seeded by it, so reproducible); episodes of
+        one case wait for the first, different cases compute at once."""
+        uid = str(row["uid"])
         with self._lock:
-            if row["uid"] not in self._phi:
+            lock = self._locks.setdefault(uid, threading.Lock())
+        with lock:
+            if uid not in self._phi:
                 facts, gold = row["facts"], " " + row["answer"]
                 value = lambda subset: self.scorer(fact_prompt([facts[i] for i in sorted(subset)]), gold)  # noqa: E731
-                rng = random.Random(zlib.crc32(str(row["uid"]).encode()))
-                self._phi[row["uid"]] = shapley_values(len(facts), value, self.max_permutations, rng=rng)[0]
-            return self._phi[row["uid"]]
+                rng = random.Random(zlib.crc32(uid.encode()))
+                self._phi[uid] = shapley_values(len(facts), value, self.max_permutations, rng=rng)[0]
+            return self._phi[uid]
 
     def reset(self, row: dict[str, Any], seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         options = row.get("options") or [row["answer"]]
@@ -239,7 +244,7 @@ class DoctorEnv:
         plain = " ".join(facts) or NOT_SURE
         if self.user is None:
             return plain
-        system = PATIENT_SYSTEM.format(complaint=state["row"]["question"], told=plain)
+        system = PATIENT_SYSTEM.format(told=plain)
         said = self.user.reply(system, state["transcript"], seed=state["seed"] * 131 + len(state["turns"]))
         return said or plain
 

@@ -43,7 +43,8 @@ CASES: list[tuple[str, str, list[tuple[str, str]]]] = [
         ("I am constipated.", "constipat bowel stool toilet"), ("My hair is thinning.", "hair")]),
     ("hyperthyroidism", "My heart keeps racing.", [
         ("I have lost weight even though I eat a lot.", "weight eat appetite"),
-        ("My hands shake.", "shake tremor hand"), ("I feel hot when others are cold.", "hot heat warm temperature sweat"),
+        ("My hands shake.", "shake tremor hand"),
+        ("I feel hot when others are cold.", "hot heat warm temperature sweat"),
         ("I feel anxious and cannot sleep.", "anxi sleep nervous mood")]),
     ("iron deficiency anemia", "I get tired very easily.", [
         ("I look pale.", "pale colour color skin"), ("My periods are very heavy.", "period menstru bleed"),
@@ -99,7 +100,8 @@ CASES: list[tuple[str, str, list[tuple[str, str]]]] = [
         ("It started two days ago and is getting better.", "start began when better days")]),
     ("hay fever", "My nose keeps running.", [
         ("My eyes itch.", "eye itch"), ("It happens every spring.", "spring season year when time"),
-        ("It is worse outside on sunny days.", "outside sun weather garden"), ("I have no fever.", "fever temperature")]),
+        ("It is worse outside on sunny days.", "outside sun weather garden"),
+        ("I have no fever.", "fever temperature")]),
     ("deep vein thrombosis", "My calf is swollen.", [
         ("Only my left leg is swollen.", "left both one which leg"),
         ("I flew home from a long trip last week.", "flight flew travel trip plane"),

@@ -35,8 +35,10 @@ CATALOGUE = [
     {"name": "Pulse Band", "category": "smartwatch", "price": 49, "features": ["fitness tracking", "long battery"]},
     {"name": "Orbit Watch", "category": "smartwatch", "price": 249,
      "features": ["gps", "fitness tracking", "water resistant"]},
-    {"name": "Tempo Watch", "category": "smartwatch", "price": 129, "features": ["fitness tracking", "water resistant"]},
-    {"name": "Summit GPS", "category": "smartwatch", "price": 329, "features": ["gps", "long battery", "water resistant"]},
+    {"name": "Tempo Watch", "category": "smartwatch", "price": 129,
+     "features": ["fitness tracking", "water resistant"]},
+    {"name": "Summit GPS", "category": "smartwatch", "price": 329,
+     "features": ["gps", "long battery", "water resistant"]},
     {"name": "Feather 13", "category": "laptop", "price": 899, "features": ["lightweight", "long battery"]},
     {"name": "Forge 16", "category": "laptop", "price": 1499, "features": ["gaming", "large screen"]},
     {"name": "Scholar 14", "category": "laptop", "price": 549, "features": ["long battery"]},
@@ -121,14 +123,14 @@ def sales_task(cfg: TaskConfig) -> TaskData:
     return TaskData(rows[: cfg.num_train], rows[cfg.num_train:])
 
 
-@ENVIRONMENTS.register("sales", "sell to a simulated shopper; rewarded by SalesSim decision alignment (+ optional judge)")
+@ENVIRONMENTS.register("sales", "sell to a simulated shopper; SalesSim decision-alignment reward (+ optional judge)")
 class SalesEnv:
     """The policy sells; a simulated shopper (built once, shared by all episodes) buys or leaves."""
 
     def __init__(self, user: Any = None, max_turns: int = 4, user_max_tokens: int = 64, user_temperature: float = 0.7,
                  w_da: float = 1.0, w_quality: float = 0.0, judge: dict[str, Any] | None = None):
-        if max_turns < 1:
-            raise ValueError(f"sales: max_turns must be ≥ 1, got {max_turns}")
+        if max_turns < 2:
+            raise ValueError(f"sales: max_turns must be ≥ 2 (a one-turn conversation is never aligned), got {max_turns}")
         if w_quality and not judge:
             raise ValueError("sales: w_quality > 0 needs a judge (a JudgeClient mapping: {base_url, model, ...})")
         self.max_turns, self.w_da, self.w_quality = max_turns, w_da, w_quality
@@ -166,8 +168,9 @@ class SalesEnv:
         recommended = mentioned_names(pitches, self.names)  # the products the salesperson named
         acceptable = persona["acceptable"]
         da = decision_alignment(recommended, acceptable, purchased, turns)
+        good_buy = bool(purchased) and any(names_match(purchased, a) for a in acceptable)
         metrics = {"env/aligned": da, "env/decided": float(decision is not None), "env/bought": float(bool(purchased)),
-                   "env/bought_acceptable": float(bool(purchased) and any(names_match(purchased, a) for a in acceptable)),
+                   "env/bought_acceptable": float(good_buy),
                    "env/recommended": float(len(recommended)),
                    "env/recommended_acceptable": float(any(names_match(r, a) for r in recommended for a in acceptable))}
         reward = self.w_da * da

@@ -39,7 +39,7 @@ def episode_metrics(groups: list[Group]) -> dict[str, float]:
 
 
 def generate_groups(engine, tokenizer, rows: list[dict], n: int, params: SamplingParams, batch_size: int,
-                    generator: torch.Generator | None = None, env: EnvConfig | None = None,
+                    generator: torch.Generator | None = None, environment: EnvConfig | None = None,
                     advance: Callable[[int], None] | None = None) -> list[Group]:
     """`n` completions per row, in engine calls of about `batch_size` completions; `advance(rows)` after
     each call (a progress bar)."""
@@ -47,7 +47,7 @@ def generate_groups(engine, tokenizer, rows: list[dict], n: int, params: Samplin
     per_batch = max(1, batch_size // n)
     for start in range(0, len(rows), per_batch):
         chunk = rows[start: start + per_batch]
-        groups += rollout(engine, tokenizer, chunk, n, params, generator, env)
+        groups += rollout(engine, tokenizer, chunk, n, params, generator, environment)
         if advance is not None:
             advance(len(chunk))
     return groups
@@ -90,6 +90,6 @@ def evaluate(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: Eva
         for k in cfg.pass_k:
             if k <= cfg.samples:
                 metrics[f"eval/pass@{k}"] = mean_pass_at_k(sampled_correct, k)
-        majority = majority_correct(sampled, sampled_correct)
-        metrics[f"eval/maj@{cfg.samples}"] = sum(majority) / len(majority)
+        voted = majority_correct(sampled, sampled_correct)
+        metrics[f"eval/maj@{cfg.samples}"] = sum(voted) / len(voted)
     return metrics, greedy_groups

@@ -118,11 +118,11 @@ def welch(metric: str, reference: Sequence[float], other: Sequence[float], alpha
 
 
 Aggregate = Callable[[list[dict]], dict[str, float]]
+Intervals = dict[str, tuple[float, float]]
 
 
 def bootstrap(reference: list[dict], other: list[dict], aggregate: Aggregate, alpha: float = 0.05,
-              n_boot: int = 2000, seed: int = 0) -> tuple[list[Comparison], dict[str, tuple[float, float]],
-                                                          dict[str, tuple[float, float]]]:
+              n_boot: int = 2000, seed: int = 0) -> tuple[list[Comparison], Intervals, Intervals]:
     """Bootstrap over prompts of every metric `aggregate` computes from per-prompt records.
 
     Records with the same `uid` sets in both arms are resampled together (paired), otherwise each
@@ -161,7 +161,7 @@ def bootstrap(reference: list[dict], other: list[dict], aggregate: Aggregate, al
         elif diff == 0 and np.ptp(a) == 0 and np.ptp(b) == 0:
             reason = "the same constant in both arms"
         if reason is not None:
-            tests.append(Comparison(m, point_a[m], point_b[m], diff, float("nan"), float("nan"), float("nan"), reason))
+            tests.append(Comparison(m, point_a[m], point_b[m], diff, math.nan, math.nan, math.nan, reason))
             continue
         low, high = np.percentile(d, q)
         p = (1 + np.sum(np.abs(d - diff) >= abs(diff))) / (d.size + 1) if diff != 0 else 1.0

@@ -2,9 +2,9 @@
 
 Each prompt gets one greedy reply and `eval.samples` sampled ones. Everything is kept as one record
 per prompt (correctness, answers, lengths, entropies, confidence, abstention), and every metric is
-computed from those records by `aggregate`, so `lmrl compare` can resample prompts and recompute the
-same numbers (formulas: docs/eval.md). The result is one JSON document: settings, metrics, the prompts
-no sample solved, and the records.
+computed from those records (`prompt_values`, then `combine`), so `lmrl compare` can resample prompts
+and recompute the same numbers (formulas: docs/eval.md). The result is one JSON document: settings,
+metrics, the prompts nothing solved, and the records.
 """
 from __future__ import annotations
 
@@ -72,19 +72,23 @@ def prompt_values(record: dict, ks: Sequence[int]) -> dict:
     """The numbers of one prompt that every metric is a function of (pass@k and maj@k for the given k)."""
     n, c = len(record["correct"]), sum(record["correct"])
     right, agreement = majority(record["answers"], record["correct"])
-    return {"uid": record["uid"], "greedy_correct": float(record["greedy_correct"]), "greedy_prob": record["greedy_prob"],
-            "outcome": record["greedy_outcome"], "greedy_length": record["greedy_length"],
-            "restated": record["greedy_restated"], "distinct_1": record["distinct_1"], "distinct_2": record["distinct_2"],
-            "pass": {k: pass_at_k(n, c, k) for k in ks if k <= n},
-            "maj": {k: float(majority(record["answers"][:k], record["correct"][:k])[0]) for k in ks if 2 <= k <= n},
-            "majority_correct": right, "agreement": agreement, "samples": n,
-            "length_sum": float(sum(record["lengths"])), "entropy_sum": float(np.dot(record["entropy"], record["lengths"])),
-            "lengths": record["lengths"], "truncated": sum(record["truncated"])}
+    return {
+        "uid": record["uid"], "greedy_correct": float(record["greedy_correct"]), "greedy_prob": record["greedy_prob"],
+        "outcome": record["greedy_outcome"], "greedy_length": record["greedy_length"],
+        "restated": record["greedy_restated"], "distinct_1": record["distinct_1"], "distinct_2": record["distinct_2"],
+        "pass": {k: pass_at_k(n, c, k) for k in ks if k <= n},
+        "maj": {k: float(majority(record["answers"][:k], record["correct"][:k])[0]) for k in ks if 2 <= k <= n},
+        "majority_correct": right, "agreement": agreement, "samples": n, "lengths": record["lengths"],
+        "length_sum": float(sum(record["lengths"])), "entropy_sum": float(np.dot(record["entropy"], record["lengths"])),
+        "truncated": sum(record["truncated"]),
+    }
 
 
 def combine(values: list[dict], lam: float = 1.0, bins: int = 10) -> dict[str, float]:
     """Every suite metric from per-prompt values (`prompt_values`); `lmrl compare` resamples these."""
-    mean = lambda key: float(np.mean([v[key] for v in values]))  # noqa: E731
+    def mean(key: str) -> float:
+        return float(np.mean([v[key] for v in values]))
+
     out = {"accuracy": mean("greedy_correct")}
     for k in values[0]["pass"]:  # pass@1 is avg@n, the mean over prompts of c/n
         out[f"pass@{k}"] = float(np.mean([v["pass"][k] for v in values]))
@@ -134,7 +138,7 @@ def progress_bar(enabled: bool = True):
 
 
 def run_suite(engine, tokenizer, rows: list[dict], scorer, cfg: EvalConfig, max_new_tokens: int,
-              accuracy_component: str, seed: int = 0, env: EnvConfig | None = None, lam: float = 1.0,
+              accuracy_component: str, seed: int = 0, environment: EnvConfig | None = None, lam: float = 1.0,
               detector: dict | None = None, progress: bool = True) -> dict:
     """Greedy and sampled replies to `rows`, scored, as the suite's JSON document (same generation and
     seeds as `evaluate`, so its pass@k and maj@n agree)."""
@@ -142,11 +146,11 @@ def run_suite(engine, tokenizer, rows: list[dict], scorer, cfg: EvalConfig, max_
     if not rows:
         raise ValueError("no held-out prompts to evaluate (task.num_eval or eval.num_prompts is 0)")
     budget = cfg.max_new_tokens or max_new_tokens
-    episodes = env is not None and env.name is not None
+    episodes = environment is not None and environment.name is not None
     with progress_bar(progress) as bar:
         task = bar.add_task("eval: greedy", total=len(rows))
         greedy = generate_groups(engine, tokenizer, rows, 1, SamplingParams(max_new_tokens=budget, greedy=True),
-                                 cfg.batch_size, torch.Generator().manual_seed(seed) if episodes else None, env,
+                                 cfg.batch_size, torch.Generator().manual_seed(seed) if episodes else None, environment,
                                  lambda k: bar.advance(task, k))
         scorer.score(greedy)
         sampled = greedy
@@ -154,7 +158,7 @@ def run_suite(engine, tokenizer, rows: list[dict], scorer, cfg: EvalConfig, max_
             task = bar.add_task(f"eval: {cfg.samples} samples", total=len(rows))
             sampled = generate_groups(engine, tokenizer, rows, cfg.samples,
                                       SamplingParams(max_new_tokens=budget, temperature=cfg.temperature),
-                                      cfg.batch_size, torch.Generator().manual_seed(seed), env,
+                                      cfg.batch_size, torch.Generator().manual_seed(seed), environment,
                                       lambda k: bar.advance(task, k))
             scorer.score(sampled)
     records = [prompt_record(g, s, accuracy_component, detector) for g, s in zip(greedy, sampled)]
@@ -200,7 +204,7 @@ def eval_target(recipe: str | None, overrides: list[str], model: str | None,
     if found and cfg.model.lora is not None:
         raise ConfigError(f"{cfg.model.path} holds LoRA adapters: `lmrl export RUN --merge DIR`, then "
                           f"`lmrl eval --model DIR`")
-    return cfg, Path(found.group(1)) / "eval" / f"step-{int(found.group(2)):06d}.json" if found else None
+    return cfg, (Path(found.group(1)) / "eval" / f"step-{int(found.group(2)):06d}.json" if found else None)
 
 
 def run_eval(cfg: Config, probe: str | None = None) -> dict:
@@ -220,7 +224,7 @@ def run_eval(cfg: Config, probe: str | None = None) -> dict:
     engine = build_engine(cfg, model, tokenizer)
     params = abstention_params(cfg)
     result = run_suite(engine, tokenizer, rows, RewardScorer(cfg.reward), cfg.eval, cfg.rollout.max_new_tokens,
-                       cfg.reward.accuracy_component, seed=cfg.trainer.seed, env=cfg.env,
+                       cfg.reward.accuracy_component, seed=cfg.trainer.seed, environment=cfg.env,
                        lam=float(params.get("lam", 1.0)), detector={k: v for k, v in params.items()
                                                                      if k in DETECTOR_KEYS},
                        progress=cfg.run.progress)

@@ -78,7 +78,8 @@ def _reliability(ax, conf: list[float], hits: list[bool], label: str, bins: int 
 
 def suite_figures(result: dict) -> list[tuple[str, str]]:
     """(title, base64 PNG) for each plot of a suite result."""
-    records, metrics = result["prompts"], result["metrics"]
+    records = result["prompts"]
+    metrics = {k: float("nan") if v is None else v for k, v in result["metrics"].items()}
     out = []
     fig = figure()
     ax = fig.add_subplot()
@@ -105,13 +106,15 @@ def suite_figures(result: dict) -> list[tuple[str, str]]:
                      f"sample agreement (ECE {metrics.get('ece_agreement', float('nan')):.3f})")
         ax2 = fig.add_subplot(1, 2, 2)
         cov, risk, _ = risk_coverage([v[1] for v in votes], [v[0] for v in votes])
-        ax2.step(cov, risk, where="post", label=f"majority answer by agreement (AURC {metrics.get('aurc', 0):.3f})")
-        if metrics.get("coverage", 0) > 0:
+        ax2.step(cov, risk, where="post", label=f"majority answer by agreement (AURC {metrics['aurc']:.3f})")
+        if math.isfinite(metrics.get("conditional_accuracy", float("nan"))):
             ax2.plot([metrics["coverage"]], [1 - metrics["conditional_accuracy"]], "r*", markersize=12,
                      label="greedy, own abstentions")
-        ax2.set(title="risk–coverage", xlabel="coverage", ylabel="risk (error among answered)", xlim=(0, 1.02))
+        ax2.set(title="risk–coverage", xlabel="coverage", ylabel="risk (error among answered)", xlim=(0, 1.02),
+                ylim=(-0.02, 1.05))
         ax2.legend(fontsize="small")
-    ax.set(title="reliability", xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
+    ax.set(title="reliability", xlabel="confidence", ylabel="accuracy", xlim=(-0.02, 1.02),
+           ylim=(-0.02, 1.05))
     ax.legend(fontsize="small")
     out.append(("calibration and risk–coverage", png_base64(fig)))
     if "reward_seeking" in result:

@@ -109,7 +109,8 @@ def data_parallel(cfg: Config) -> Parallel:
 
     parallel = DataParallel() if dist.is_initialized() else init_from_env()
     if parallel.world_size > 1 and (cfg.rollout.max_staleness is not None or cfg.dist.backend != "none"
-                                    or cfg.rollout.engine != "hf"):
+                                    or cfg.rollout.engine != "hf" or cfg.algo.guards.enabled):
         raise ConfigError("a data-parallel run (several ranks) uses the synchronous loop with each rank's own hf "
-                          "engine: unset rollout.max_staleness, keep dist.backend=none and rollout.engine=hf")
+                          "engine and no guards: unset rollout.max_staleness, keep dist.backend=none, "
+                          "rollout.engine=hf and algo.guards.enabled=false")
     return parallel

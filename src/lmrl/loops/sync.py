@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 from statistics import mean
 
+from lmrl.algos.guards import guard_step
 from lmrl.config import Config, ConfigError, check_resume_config, load_run_config
 from lmrl.data import InputContext, load_source_state, source_state
 from lmrl.envs import expand_prompts, pooled, prompt_families, rollout
@@ -253,6 +254,7 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                                 "timing/step_s": time.perf_counter() - t0, "tokens_per_s": generated / t_rollout,
                                 "timing/threads": float(threads),
                                 **s.data_notes})
+                metrics.update(guard_step(s, run.checkpoints, gens, step, metrics))
                 run.log(step, metrics)
                 run.log_samples(step, [_sample_row(g, "train") for g in seen[:2]])
                 progress.update(step, metrics)
