@@ -265,3 +265,24 @@ def test_doctor_env_rule_patient_and_running_out_of_turns():
     assert step.done and step.info["metrics"]["env/answered"] == 0.0
     w = state["w"]
     assert step.info["turn_rewards"] == pytest.approx([2 * w[1] + 1, 2 * w[3] + 1])
+
+
+def test_the_sale_weight_pays_only_for_an_acceptable_purchase():
+    from lmrl.envs.sales import SalesEnv
+
+    class Shopper:  # a scripted shopper: buys what the persona accepts on its second reply
+        def __init__(self):
+            self.calls = 0
+
+        def chat(self, messages, **_):
+            self.calls += 1
+            return "Hmm." if self.calls == 1 else "BUY: Aria Buds"
+
+    from lmrl.envs.sales import make_persona
+
+    persona = {**make_persona(0), "category": "headphones", "budget": 100, "must_have": "wireless",
+               "acceptable": ["Aria Buds"]}
+    env = SalesEnv(user=Shopper(), w_sale=1.0)
+    _, state = env.reset({"persona": persona}, seed=0)
+    assert env.step("Hello!", state).reward == 0.0
+    assert env.step("The Aria Buds are wireless and $59.", state).reward == 2.0  # aligned (1) + a fitting sale (1)

@@ -9,6 +9,7 @@ from lmrl.envs.attribution import delayed_attribution
 import lmrl.envs.humaneval  # noqa: F401,E402  (registers the humaneval task)
 import lmrl.envs.tools, lmrl.envs.bandit, lmrl.envs.guessing, lmrl.envs.revise, lmrl.envs.credit  # noqa: F401,E401,E402  (registers the environments)
 import lmrl.envs.search, lmrl.envs.negotiation, lmrl.envs.textarena_adapter, lmrl.envs.code_interpreter, lmrl.envs.gaming_probe  # noqa: F401,E401,E402
+import lmrl.envs.sales, lmrl.envs.doctor  # noqa: F401,E401,E402
 
 __all__ = ["ENVIRONMENTS", "Environment", "Step", "TASKS", "TaskData", "TaskError", "build_env", "delayed_attribution", "encode_prompt",
            "encode_rows", "expand_prompts", "load_task", "pooled", "prepare_data", "prompt_families", "prompt_messages",

@@ -1,8 +1,9 @@
 """A doctor asks a simulated patient questions, then names the diagnosis (ProMed, specs §1.12).
 
 Each task row is a case: the patient's complaint (the opening message), hidden atomic facts with
-keywords, the diagnosis and the options to choose from. A reply is a question (a line starting
-"question:") or the final answer ("answer: <diagnosis>", which ends the episode).
+keywords, the diagnosis and the options to choose from. A reply with a line starting "answer:" is
+the final answer (it ends the episode); any other reply is a question (format credit when it starts
+with "question:").
 
 Which facts a question reveals is decided by rules, so rewards are reproducible: the facts one of
 whose keywords starts a word of the question, not told before, at most `max_facts_per_question`

@@ -6,11 +6,15 @@ budget, a must-have feature, and a hidden list of acceptable products (the catal
 fit all three). The shopper ends the conversation by writing `BUY: <product>` or `LEAVE`; after
 `max_turns` salesperson turns without a decision it has left.
 
-Reward, on the last turn: r = w_DA·DA + w_Q·quality. DA is SalesSim's decision alignment
+Reward, on the last turn: r = w_DA·DA + w_Q·quality + w_sale·1[an acceptable product bought]. DA is
+SalesSim's decision alignment
 (`decision_alignment`, confidence high: the rule of SalesSim's grader); quality is an optional
 judge's 1–10 rating of the salesperson's turns mapped to [0, 1] (off by default: w_Q = 0). The
 weighting follows UserGRPO's multi-objective reward as inferred from its abstract: confidence LOW,
-the weights are knobs, not the authors' values. docs/env_simulated_users.md.
+the weights are knobs, not the authors' values. SalesSim trains the shopper; with the salesperson as
+the policy, DA alone pays as much for recommending nothing (the shopper leaves) as for a fitting
+sale, so `w_sale` (off by default; 1 in the `sales` recipe) adds the sale itself.
+docs/env_simulated_users.md.
 """
 from __future__ import annotations
 
@@ -128,12 +132,12 @@ class SalesEnv:
     """The policy sells; a simulated shopper (built once, shared by all episodes) buys or leaves."""
 
     def __init__(self, user: Any = None, max_turns: int = 4, user_max_tokens: int = 64, user_temperature: float = 0.7,
-                 w_da: float = 1.0, w_quality: float = 0.0, judge: dict[str, Any] | None = None):
+                 w_da: float = 1.0, w_quality: float = 0.0, judge: dict[str, Any] | None = None, w_sale: float = 0.0):
         if max_turns < 2:
             raise ValueError(f"sales: max_turns must be ≥ 2 (a one-turn conversation is never aligned), got {max_turns}")
         if w_quality and not judge:
             raise ValueError("sales: w_quality > 0 needs a judge (a JudgeClient mapping: {base_url, model, ...})")
-        self.max_turns, self.w_da, self.w_quality = max_turns, w_da, w_quality
+        self.max_turns, self.w_da, self.w_quality, self.w_sale = max_turns, w_da, w_quality, w_sale
         self.user = SimulatedUser.build(user or {"model": "default"}, user_max_tokens, user_temperature)
         self.judge = JudgeClient.from_params(judge) if judge and w_quality else None
         self.names = [p["name"] for p in CATALOGUE]
@@ -173,7 +177,7 @@ class SalesEnv:
                    "env/bought_acceptable": float(good_buy),
                    "env/recommended": float(len(recommended)),
                    "env/recommended_acceptable": float(any(names_match(r, a) for r in recommended for a in acceptable))}
-        reward = self.w_da * da
+        reward = self.w_da * da + self.w_sale * good_buy
         if self.judge is not None:
             metrics["env/quality"] = quality = self.quality(state["transcript"])
             reward += self.w_quality * quality

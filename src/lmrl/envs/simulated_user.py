@@ -49,7 +49,6 @@ class LocalUser:
             model, tokenizer = load_local(str(model), device)
         elif tokenizer is None:
             raise ValueError("a simulated user given a model object needs its tokenizer too: (model, tokenizer)")
-        self.model, self.tokenizer = model, tokenizer
         self.service = ChatService(model, tokenizer, model_name="simulated-user", max_tokens_limit=max_tokens_limit)
 
     def chat(self, messages: list[dict[str, str]], max_tokens: int | None = None, temperature: float | None = None,
