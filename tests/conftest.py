@@ -52,6 +52,24 @@ def contains_seven(sample, **_):
     return float("7" in sample.info["text"])
 
 
+TOY_REWARD_FILE = '''
+def contains_seven(sample, **_):
+    return float("7" in sample.info["text"])
+'''
+
+
+def toy_run_on_disk(tmp_path: Path) -> dict:
+    """The toy run's model and reward as files, for runs in other processes (Ray actors, torchrun ranks)
+    that cannot see objects registered in this one: config sections for `toy_run_config`."""
+    tok = make_tokenizer()
+    model_dir = tmp_path / "model"
+    tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    (tmp_path / "toy_reward.py").write_text(TOY_REWARD_FILE)
+    name = f"{tmp_path / 'toy_reward.py'}:contains_seven"
+    return {"model": {"path": str(model_dir)}, "reward": {"components": [{"name": name}], "accuracy_component": name}}
+
+
 def toy_run_config(tmp_path, steps, dataset=None, num_eval=8, num_train=56, **sections):
     """The tiny-model training config shared by the integration tests; `sections` update its sections."""
     from lmrl.config import build_config

@@ -8,15 +8,9 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from conftest import make_tokenizer, toy_run_config
+from conftest import toy_run_config, toy_run_on_disk
 from lmrl.dist import spawn_local
 from lmrl.loops import build_stages, train
-from lmrl.models import tiny_llama
-
-REWARD_FILE = '''
-def contains_seven(sample, **_):
-    return 1.0 if "7" in sample.info["text"] else 0.0
-'''
 
 
 def train_rank(parallel, cfg):
@@ -25,14 +19,8 @@ def train_rank(parallel, cfg):
 
 
 def configs(tmp_path):
-    tok = make_tokenizer()
-    model_dir = tmp_path / "model"
-    tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    (tmp_path / "toy_reward.py").write_text(REWARD_FILE)
-    name = f"{tmp_path / 'toy_reward.py'}:contains_seven"
-    common = dict(model={"path": str(model_dir)}, reward={"components": [{"name": name}], "accuracy_component": name},
-                  trainer={"threads": 1, "mini_batches": 2}, eval={"at_end": True}, run={"checkpoint_every": 2})
+    common = dict(**toy_run_on_disk(tmp_path), trainer={"threads": 1, "mini_batches": 2}, eval={"at_end": True},
+                  run={"checkpoint_every": 2})
     ranks = toy_run_config(tmp_path / "ranks", 3, **common)
     single = toy_run_config(tmp_path / "single", 3, dist={"backend": "local", "rollout_workers": 2}, **common)
     return ranks, single

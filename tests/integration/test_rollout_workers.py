@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import make_tokenizer, toy_run_config
+from conftest import make_tokenizer, toy_run_config, toy_run_on_disk
 from lmrl.engines.workers import WorkerPool, split_evenly
 from lmrl.loops import build_stages, train
 from lmrl.models import tiny_llama
@@ -76,27 +76,14 @@ def test_a_killed_rollout_actor_is_restarted_and_its_prompts_rerun(tmp_path, loc
     assert rewards == local_run[1]
 
 
-REWARD_FILE = '''
-def contains_seven(sample, **_):
-    return 1.0 if "7" in sample.info["text"] else 0.0
-'''
-
-
 def test_the_learner_runs_in_a_ray_actor_and_gives_the_in_process_run(tmp_path):
     """`dist.backend: ray` without stages: the loop runs in a learner actor placed beside its rollout actors."""
     from safetensors.torch import load_file
 
-    tok = make_tokenizer()
-    model_dir = tmp_path / "model"
-    tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    (tmp_path / "toy_reward.py").write_text(REWARD_FILE)
-    reward = {"components": [{"name": f"{tmp_path / 'toy_reward.py'}:contains_seven"}],
-              "accuracy_component": f"{tmp_path / 'toy_reward.py'}:contains_seven"}
+    on_disk = toy_run_on_disk(tmp_path)
     runs = {}
     for backend in ("local", "ray"):
-        cfg = toy_run_config(tmp_path / backend, 3, model={"path": str(model_dir)}, reward=reward,
-                             rollout={"max_staleness": 1}, trainer={"threads": 1},
+        cfg = toy_run_config(tmp_path / backend, 3, **on_disk, rollout={"max_staleness": 1}, trainer={"threads": 1},
                              dist={"backend": backend, "rollout_workers": 1})  # 2 CPUs: learner + 1 worker
         result = train(cfg) if backend == "ray" else train(cfg, stages=build_stages(cfg))
         runs[backend] = load_file(str(result.run_dir / "checkpoints" / "step-000003" / "model" / "model.safetensors"))

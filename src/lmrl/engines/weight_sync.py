@@ -39,11 +39,19 @@ class Parcel:
 
 
 def _clones(weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {name: t.detach().to("cpu", copy=True).contiguous() for name, t in weights}
+    """Copies of the tensors; tied weights (one storage under two names) are copied once and stay tied."""
+    out, copies = {}, {}
+    for name, t in weights:
+        key = (t.data_ptr(), t.shape, t.dtype)
+        if key not in copies:
+            copies[key] = t.detach().to("cpu", copy=True).contiguous()
+        out[name] = copies[key]
+    return out
 
 
 def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    """Bytes held, each storage counted once."""
+    return sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in tensors.values()}.values())
 
 
 @WEIGHT_TRANSPORTS.register("in_process", "tensors cloned into a dict, handed over in the same process")
@@ -101,7 +109,7 @@ class RayObjectStore:
         self.ray = ray
 
     def send(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> Parcel:
-        tensors = {name: t.detach().to("cpu").contiguous() for name, t in weights}
+        tensors = {name: t.detach().to("cpu").contiguous() for name, t in weights}  # tied ones stay one tensor
         return Parcel(version, self.ray.put(tensors), _nbytes(tensors))
 
     def receive(self, parcel: Parcel) -> dict[str, torch.Tensor]:
