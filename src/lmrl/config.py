@@ -79,6 +79,7 @@ class RewardConfig(Section):
     retries: int = Field(0, ge=0)  # extra attempts when a component raises, times out or returns garbage
     on_error: Literal["exclude", "zero"] = "exclude"  # what a sample gets once the attempts are used up
     concurrency: int = Field(1, ge=1)  # samples a per-sample component scores at once (judges, sandboxed tests)
+    workers: Literal["threads", "ray"] = "threads"  # ray: stateless components as Ray tasks (docs/scaling.md)
     accuracy_component: str = "answer"  # the component reported as accuracy (1.0 = correct)
 
 

@@ -12,7 +12,8 @@ A component that raises, times out, or returns None / NaN / inf / a wrong type o
 given 0 for that component (`on_error: zero`); either way it is counted in the metrics and the run
 goes on. `reward.concurrency` > 1 scores that many samples of a group at once with a per-sample
 component (worth it for judges behind HTTP and for sandboxed unit tests; the component must then be
-thread-safe).
+thread-safe). `reward.workers: ray` runs the stateless components as Ray tasks (`rewards/remote.py`),
+where a timeout kills the task's process.
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ class _Component:
 
     def __init__(self, name: str, weight: float, params: dict, timeout_s: float):
         target, self.per_group = find_component(name)
-        self.name, self.weight, self.timeout_s = name, weight, timeout_s
+        self.name, self.weight, self.timeout_s, self.params = name, weight, timeout_s, params
         self.instance = None
         if inspect.isclass(target):
             self.instance = target(**params)
@@ -86,6 +87,11 @@ class RewardScorer:
         self.lock = threading.Lock()
         self.fan_out = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="reward-sample") \
             if cfg.concurrency > 1 else None
+        self.remote = None
+        if cfg.workers == "ray":
+            from lmrl.rewards.remote import RayRewardWorkers
+
+            self.remote = RayRewardWorkers(workers=cfg.concurrency)
 
     def state_dict(self) -> dict:
         """Run state of the stateful components that keep one (`reward_state()`, e.g. the MEDS memory)."""
@@ -102,6 +108,8 @@ class RewardScorer:
         A thread cannot be killed, so a call that times out keeps its worker; the scorer then moves
         to a fresh pool, and later calls never queue behind hung ones.
         """
+        if self.remote is not None and comp.instance is None:
+            return self.remote.run(comp.name, comp.params, arg, comp.timeout_s)
         pool = self.pool
         future = pool.submit(comp.call, arg)
         try:
