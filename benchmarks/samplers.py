@@ -32,8 +32,8 @@ def train_run(recipe: str, seed: int, a: argparse.Namespace, workdir: Path, name
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     subprocess.run([sys.executable, "-m", "lmrl.cli", "train", recipe, f"trainer.steps={a.steps}",
                     f"trainer.seed={seed}", f"trainer.threads={a.threads}", f"task.num_train={a.num_train}",
-                    f"task.num_eval={a.num_eval}", f"eval.every={a.eval_every}", f"eval.at_start={str(at_start).lower()}",
-                    f"run.output_dir={workdir}", f"run.name={name}", "run.progress=false", "run.checkpoint_every=0",
+                    f"task.num_eval={a.num_eval}", f"eval.every={a.eval_every}",
+                    f"eval.at_start={str(at_start).lower()}", f"run.output_dir={workdir}", f"run.name={name}", "run.progress=false", "run.checkpoint_every=0",
                     "run.keep_checkpoints=1"], check=True, capture_output=True, env=env)
     return [json.loads(line) for line in (workdir / name / "metrics.jsonl").read_text().splitlines() if line.strip()]
 

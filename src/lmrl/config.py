@@ -123,9 +123,11 @@ class DataConfig(Section):
     group_filter: str = "none"  # none | nonzero_std (DAPO dynamic sampling)
     max_gen_batches: int = Field(10, ge=0)  # 0 = unlimited
     # add task.demonstration to groups (GFT, SGT) or task.peer_rollouts (PRP); roll out hard prompts again
-    # with hints (KnowRL), guidance replayed into the group (TaoSR-AGRL) or privileged context (RISE-RL)
-    demonstrations: Literal["none", "group", "rescue", "peers", "hints", "guided_replay", "privileged"] = "none"
-    source_params: dict[str, Any] = Field(default_factory=dict)  # knobs of hints | guided_replay | privileged
+    # with hints (KnowRL), guidance replayed into the group (TaoSR-AGRL) or privileged context (RISE-RL);
+    # replace each group by an earlier run's recorded rollouts of its prompt (replay, REGEN)
+    demonstrations: Literal["none", "group", "rescue", "peers", "hints", "guided_replay", "privileged",
+                            "replay"] = "none"
+    source_params: dict[str, Any] = Field(default_factory=dict)  # knobs of hints | guided_replay | privileged | replay
 
     @field_validator("sampler_params")
     @classmethod
@@ -234,6 +236,8 @@ class RunConfig(Section):
     progress: bool = True
     # experiment trackers fed next to metrics.jsonl: tensorboard | wandb | mlflow (docs/trackers.md)
     trackers: list[str] = Field(default_factory=list)
+    # append each step's scored rollouts to RUN/rollouts.jsonl, for offline training later (docs/methods/regen.md)
+    save_rollouts: bool = False
 
 
 class EnvConfig(Section):

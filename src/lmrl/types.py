@@ -23,6 +23,7 @@ class Origin(Enum):
     PEER = "peer"  # another policy's completion, with that policy's log-probability
     GUIDED = "guided"  # the policy's completion of a guided prompt, replayed as a member under the original prompt
     PRIVILEGED = "privileged"  # the same, kept in a group of its own for a supervised term only
+    REPLAYED = "replayed"  # a recorded rollout of an earlier run (rollouts.jsonl), with its behaviour log-probs
 
     @property
     def sampled(self) -> bool:
@@ -38,7 +39,7 @@ class Origin(Enum):
     def brings_logprobs(self) -> bool:
         """Comes with behaviour log-probs (the engine's, or the peer's); otherwise the current policy's
         stand in, filled before the update, so its importance ratio starts at 1."""
-        return self in (Origin.SAMPLED, Origin.PEER)
+        return self in (Origin.SAMPLED, Origin.PEER, Origin.REPLAYED)
 
 
 @dataclass

@@ -79,8 +79,8 @@ class HiveSampler(_Adaptive):
     utilities p̂(1 − p̂)); unseen prompts count as p̂ = 0.5, in the band. Stage 2 probes the
     candidates with the current policy (`probe_tokens` sampled tokens) and drops those whose mean
     next-token entropy is below `entropy_threshold` (0: no stage 2). After `probe_rounds` rounds, or
-    one pass over the rows, the batch is filled with the dropped candidates of highest entropy, then
-    with the next rows of the pass.
+    when no stage-1 row is left, the batch is filled with the dropped candidates of highest entropy,
+    then with the next rows of the pass.
     """
 
     def __init__(self, rows: list[dict[str, Any]], seed: int = 0, accuracy_component: str = "answer",

@@ -125,9 +125,9 @@ class HeapaSampler:
         self.stats.observe(groups)
         for group in groups:
             i = self.index.get(base_uid(group))
-            values = self.stats.group_values(group)
             if i is None:
                 continue
+            values = self.stats.group_values(group)
             reward = sum(values) / len(values) if values else None
             if self.in_flight[i]:
                 self.in_flight[i] -= 1

@@ -1,4 +1,5 @@
-"""The run directory: resolved config, metrics as JSON lines, sample completions, checkpoints."""
+"""The run directory: resolved config, metrics as JSON lines, sample completions, recorded rollouts
+(`run.save_rollouts`), checkpoints."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lmrl.config import Config, config_to_yaml
+from lmrl.data.replay import rollout_records
 from lmrl.eval.trackers import Trackers
 
 
@@ -26,6 +28,8 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         self.metrics_file = path / "metrics.jsonl"
         self.samples_file = path / "samples.jsonl"
+        self.rollouts_file = path / "rollouts.jsonl"  # written when the config sets run.save_rollouts
+        self.save_rollouts = False
         self.checkpoints = path / "checkpoints"
         self.trackers = Trackers()  # TensorBoard / W&B / MLflow, fed with what the files receive
 
@@ -35,6 +39,8 @@ class RunDir:
         return RunDir(Path(cfg.run.output_dir) / name)
 
     def write_config(self, cfg: Config) -> None:
+        """Write the run's config; it also decides whether the rollouts are recorded."""
+        self.save_rollouts = cfg.run.save_rollouts
         tmp = self.path / ".config.yaml.tmp"
         tmp.write_text(config_to_yaml(cfg))
         os.replace(tmp, self.path / "config.yaml")
@@ -55,10 +61,23 @@ class RunDir:
                 f.write(json.dumps({"step": step, **row}) + "\n")
         self.trackers.log_samples(step, rows)
 
+    def log_rollouts(self, step: int, groups: list) -> None:
+        """Append the scored samples of `groups` to rollouts.jsonl (with `run.save_rollouts`; data/replay.py)."""
+        if self.muted or not self.save_rollouts:
+            return
+        with self.rollouts_file.open("a") as f:
+            for record in rollout_records(step, groups):
+                f.write(json.dumps(record, default=str) + "\n")
+
+    @property
+    def logs(self) -> tuple[Path, ...]:
+        """The append-only logs a checkpoint records the size of."""
+        return self.metrics_file, self.samples_file, self.rollouts_file
+
     def positions(self) -> dict[str, int]:
         """The logs' sizes in bytes, flushed to disk: a checkpoint records them to rewind to on resume."""
         sizes = {}
-        for file in (self.metrics_file, self.samples_file):
+        for file in self.logs:
             if file.exists():
                 with file.open("rb") as f:
                     os.fsync(f.fileno())
@@ -71,7 +90,7 @@ class RunDir:
         Rows logged after it, and a row half-written by a killed process, are dropped; the resumed run
         logs them again, so no row is missing or duplicated.
         """
-        for file in (self.metrics_file, self.samples_file):
+        for file in self.logs:
             size = (positions or {}).get(file.name, 0)
             if file.exists() and file.stat().st_size > size:
                 os.truncate(file, size)
@@ -81,7 +100,7 @@ class RunDir:
 
     def truncate_after(self, step: int) -> None:
         """On resume from a checkpoint that did not record log positions: drop rows logged after `step`."""
-        for file in (self.metrics_file, self.samples_file):
+        for file in self.logs:
             if file.exists():
                 kept = []
                 for line in file.read_text().splitlines():
