@@ -27,11 +27,12 @@ MODES = {"sync": ["trainer.threads=2"],
          "async2": ["trainer.threads=1", "rollout.max_staleness=2"]}
 
 
-def child(mode: str, steps: int, eval_every: int, workdir: Path) -> dict:
+def child(mode: str, steps: int, eval_every: int, num_eval: int, workdir: Path) -> dict:
     from lmrl.config import load_config
     from lmrl.loops import train
 
     cfg = load_config("quickstart", [*MODES[mode], f"trainer.steps={steps}", f"eval.every={eval_every}",
+                                     f"task.num_eval={num_eval}",
                                      f"run.output_dir={workdir}", f"run.name={mode}", "run.progress=false",
                                      "run.checkpoint_every=0"])
     result = train(cfg)
@@ -56,6 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--eval-every", type=int, default=7)
+    ap.add_argument("--num-eval", type=int, default=100, help="held-out problems per evaluation")
     ap.add_argument("--modes", default="sync,async1,async2")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path, help="phase timings for benchmarks/async_projection.py")
@@ -63,18 +65,20 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(child(a.child, a.steps, a.eval_every, a.workdir)), flush=True)
+        print(json.dumps(child(a.child, a.steps, a.eval_every, a.num_eval, a.workdir)), flush=True)
         return
     results, loads = [], [load_average()]
     with tempfile.TemporaryDirectory(prefix="lmrl-async-") as tmp:
         for mode in a.modes.split(","):
             print(f"training {mode}…", file=sys.stderr, flush=True)
             out = subprocess.run([sys.executable, __file__, "--child", mode, "--steps", str(a.steps), "--eval-every",
-                                  str(a.eval_every), "--workdir", tmp], check=True, capture_output=True, text=True)
+                                  str(a.eval_every), "--num-eval", str(a.num_eval), "--workdir", tmp],
+                                 check=True, capture_output=True, text=True)
             results.append(json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1]))
             loads.append(load_average())
     base = results[0]
-    lines = [f"Quickstart, {a.steps} steps per mode, evaluation every {a.eval_every}; CPU: {cpu_model()}; "
+    lines = [f"Quickstart, {a.steps} steps per mode, evaluation every {a.eval_every} on {a.num_eval} held-out "
+             f"problems; CPU: {cpu_model()}; "
              f"load average before/after each mode: {' → '.join(loads)}.", "",
              "| mode | samples/s | vs sync | step s | rollout s | update s | staleness | held-out accuracy (training minutes) |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]

@@ -16,19 +16,24 @@ console = Console(stderr=True)
 
 
 REGISTRY_KINDS = ["advantages", "losses", "aggregations", "kl", "rewards", "group-rewards", "reward-aggregations",
-                  "samplers", "filters", "tasks", "engines"]
+                  "samplers", "filters", "tasks", "engines", "environments", "sample-sources", "teacher-contexts",
+                  "weight-transports"]
 
 
 def _registries() -> dict:
     """Imported only when asked for: they pull in torch, which `lmrl --help` should not wait for."""
     from lmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
+    from lmrl.algos.teacher import TEACHER_CONTEXTS
     from lmrl.data import GROUP_FILTERS, SAMPLERS
+    from lmrl.data.demonstrations import SAMPLE_SOURCES
     from lmrl.engines import ENGINES
-    from lmrl.envs import TASKS
+    from lmrl.engines.weight_sync import WEIGHT_TRANSPORTS
+    from lmrl.envs import ENVIRONMENTS, TASKS
     from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
 
     return dict(zip(REGISTRY_KINDS, [ADVANTAGES, LOSSES, AGGREGATIONS, KL_ESTIMATORS, REWARD_FNS, GROUP_REWARD_FNS,
-                                     REWARD_AGGREGATIONS, SAMPLERS, GROUP_FILTERS, TASKS, ENGINES]))
+                                     REWARD_AGGREGATIONS, SAMPLERS, GROUP_FILTERS, TASKS, ENGINES, ENVIRONMENTS,
+                                     SAMPLE_SOURCES, TEACHER_CONTEXTS, WEIGHT_TRANSPORTS]))
 
 
 def cmd_list(args) -> int:

@@ -6,6 +6,7 @@ import lmrl.rewards.code  # noqa: F401  (registers code_tests)
 import lmrl.rewards.group, lmrl.rewards.novelty  # noqa: F401,E401  (registers the group rewards)
 import lmrl.rewards.shaped, lmrl.rewards.aggregations  # noqa: F401,E401  (registers shaped rewards and aggregations)
 import lmrl.rewards.env_reward  # noqa: F401,E402  (registers the env reward)
+import lmrl.rewards.coact, lmrl.rewards.seif  # noqa: F401,E401,E402  (register CoAct and SEIF)
 
 __all__ = ["GROUP_REWARD_FNS", "REWARD_AGGREGATIONS", "REWARD_FNS", "RewardScorer", "answers_match",
            "extract_answer", "find_component"]
