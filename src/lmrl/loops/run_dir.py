@@ -12,6 +12,7 @@ from typing import Any
 from lmrl.config import Config, config_to_yaml
 from lmrl.data.replay import rollout_records
 from lmrl.eval.trackers import Trackers
+from lmrl.types import Group
 
 
 def _clean(value: Any) -> Any:
@@ -61,7 +62,7 @@ class RunDir:
                 f.write(json.dumps({"step": step, **row}) + "\n")
         self.trackers.log_samples(step, rows)
 
-    def log_rollouts(self, step: int, groups: list) -> None:
+    def log_rollouts(self, step: int, groups: list[Group]) -> None:
         """Append the scored samples of `groups` to rollouts.jsonl (with `run.save_rollouts`; data/replay.py)."""
         if self.muted or not self.save_rollouts:
             return

@@ -257,6 +257,7 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                 metrics.update(guard_step(s, run.checkpoints, gens, step, metrics))
                 run.log(step, metrics)
                 run.log_samples(step, [_sample_row(g, "train") for g in seen[:2]])
+                run.log_rollouts(step, seen)
                 progress.update(step, metrics)
                 last = step == cfg.trainer.steps
                 if cfg.eval.every and step % cfg.eval.every == 0 and not last and s.eval_rows:
