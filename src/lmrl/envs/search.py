@@ -19,6 +19,7 @@ was it a search turn), so the last one describes the whole episode.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +60,28 @@ def as_words(text: str) -> str:
     return " " + " ".join(normalise_answer(text)) + " "
 
 
+def _bm25s():
+    """bm25s, imported with numba hidden: it would import numba whenever it is installed (vLLM depends on
+    it), and numba's llvmlite objects break vLLM's kernel scan of `sys.modules` at engine start. Without
+    numba bm25s uses its numpy backend."""
+    if "bm25s" in sys.modules or "numba" in sys.modules:
+        import bm25s
+
+        return bm25s
+    sys.modules["numba"] = None  # `import numba` now raises ImportError
+    try:
+        import bm25s
+    finally:
+        del sys.modules["numba"]
+    return bm25s
+
+
 class BM25Index:
     """BM25 over the passages' title and text (English stopwords removed). A query only reads the index,
     so episodes stepped in parallel threads may search at once."""
 
     def __init__(self, passages: list[dict[str, Any]], k1: float = 1.5, b: float = 0.75):
-        import bm25s
-
+        bm25s = _bm25s()
         self.passages = passages
         texts = [f"{p.get('title', '')}. {p['text']}" for p in passages]
         self.retriever = bm25s.BM25(k1=k1, b=b)
@@ -73,9 +89,7 @@ class BM25Index:
 
     @staticmethod
     def words(texts: list[str]) -> list[list[str]]:
-        import bm25s
-
-        return bm25s.tokenize(texts, stopwords="en", return_ids=False, show_progress=False)
+        return _bm25s().tokenize(texts, stopwords="en", return_ids=False, show_progress=False)
 
     def search(self, query: str, k: int) -> list[int]:
         """Indices of the (at most) `k` best passages with a positive score, best first; ties keep corpus order."""
