@@ -107,7 +107,8 @@ def data_parallel(cfg: Config) -> Parallel:
     its ranks generate a share of each batch and train a share of it (docs/scaling.md)."""
     import torch.distributed as dist
 
-    parallel = DataParallel() if dist.is_initialized() else init_from_env()
+    joined = dist.is_initialized() and dist.get_world_size() > 1  # (vLLM opens a one-process group of its own)
+    parallel = DataParallel() if joined else init_from_env()
     if parallel.world_size > 1 and (cfg.rollout.max_staleness is not None or cfg.dist.backend != "none"
                                     or cfg.rollout.engine != "hf" or cfg.algo.guards.enabled):
         raise ConfigError("a data-parallel run (several ranks) uses the synchronous loop with each rank's own hf "
