@@ -34,13 +34,13 @@ def test_tool_env_answers_calls_rewards_format_and_ends_on_a_final_reply():
     messages, state = env.reset({"question": "What is 12 * 34?"}, 0)
     assert [m["role"] for m in messages] == ["system", "user"] and "<tool_call>" in messages[0]["content"]
     step = env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}</tool_call>', state)
-    assert step.observation == [{"role": "tool", "content": "408"}] and step.reward == 0.1 and not step.done
+    assert step.observation == [{"role": "tool", "content": "408"}] and step.reward == 0.0 and not step.done
     step = env.step("<tool_call>{oops}</tool_call>", state)
     assert step.observation[0]["content"].startswith("error: the call is not valid JSON") and step.reward == -0.1
     step = env.step("<tool_call>never closed", state)
     assert step.reward == -0.1 and not step.done
     step = env.step("12 * 34 = 408. Answer: 408", state)
-    assert step.done and step.observation is None and step.reward == 0.0
+    assert step.done and step.observation is None and step.reward == 0.1  # the well-formed turn's credit, now
     assert step.info["metrics"] == {"env/tool_calls": 3.0, "env/tool_call_errors": 2.0, "env/tool_timeouts": 0.0}
 
 
@@ -164,11 +164,21 @@ def test_code_interpreter_runs_blocks_shows_output_and_ends_on_a_plain_reply():
     messages, state = env.reset({"question": "What is 12 * 34?"}, 0)
     assert [m["role"] for m in messages] == ["system", "user"] and "```python" in messages[0]["content"]
     step = env.step("Let me compute.\n```python\nprint(12 * 34)\n```", state)
-    assert step.observation == [{"role": "user", "content": "Output:\n408\n"}] and step.reward == 0.1
+    assert step.observation == [{"role": "user", "content": "Output:\n408\n"}] and step.reward == 0.0
     step = env.step("```py\nprint(1 / 0)\n```", state)
     assert step.observation[0]["content"].startswith("Output:\nerror") and step.reward == -0.1 and not step.done
     step = env.step("```\nwhile True: pass\n```", state)
     assert "timeout" in step.observation[0]["content"] and step.reward == -0.1
     step = env.step("So the product is 408. Answer: 408", state)
-    assert step.done and step.observation is None and step.reward == 0.0
+    assert step.done and step.observation is None and step.reward == 0.1  # the clean turn's credit, with the answer
     assert step.info["metrics"] == {"env/code_runs": 3.0, "env/code_errors": 2.0}
+
+
+def test_format_credit_is_paid_with_the_answer_so_calling_forever_earns_nothing():
+    from lmrl.envs.code_interpreter import CodeInterpreterEnv
+
+    env = CodeInterpreterEnv(timeout_s=2.0)
+    _, state = env.reset({"question": "q"}, 0)
+    rewards = [env.step("```python\nprint(1)\n```", state).reward for _ in range(3)]
+    assert rewards == [0.0, 0.0, 0.0]  # cut off here (max_turns), the episode's return is 0
+    assert env.step("Answer: 1", state).reward == pytest.approx(0.3)  # answered: 3 clean turns paid

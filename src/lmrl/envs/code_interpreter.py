@@ -4,8 +4,9 @@ The code-interpreter convention (tool-integrated reasoning): no schemas, no JSON
 block in a reply is run in lmrl's sandbox (`rewards.sandbox`: separate process, time and memory
 limits, no network) and its output (or error) comes back as the next user message, `Output:\n…`.
 A reply without a code block is the final answer and ends the episode; the task's answer reward
-grades it. Per turn, a format reward: +`format_reward` when every block ran without error,
-−`format_reward` otherwise. Small models that never emit `<tool_call>` JSON (SmolLM2-135M) often
+grades it. Format reward (`tools.format_credit`): −`format_reward` at once for a turn whose code
+failed, +`format_reward` per clean turn paid with the final answer (paid per turn, it taught a
+policy to run code until the episode was cut off, never answering). Small models that never emit `<tool_call>` JSON (SmolLM2-135M) often
 write code blocks unprompted, which is why this convention exists beside `tool_use`.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from lmrl.envs.environment import ENVIRONMENTS, Step
 from lmrl.envs.single_turn import prompt_messages
-from lmrl.envs.tools import run_python_tool
+from lmrl.envs.tools import format_credit, run_python_tool
 
 CODE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 SYSTEM_PROMPT = ("Solve the problem. You can run Python: write a ```python code block that prints the result, "
@@ -33,12 +34,12 @@ class CodeInterpreterEnv:
         self.max_blocks, self.max_chars = max_blocks_per_turn, max_output_chars
 
     def reset(self, row: dict[str, Any], seed: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        return prompt_messages(row, self.system_prompt), {"runs": 0, "errors": 0}
+        return prompt_messages(row, self.system_prompt), {"runs": 0, "errors": 0, "credit": 0.0}
 
     def step(self, reply: str, state: dict[str, float]) -> Step:
         blocks = CODE.findall(reply)[: self.max_blocks]
         if not blocks:
-            return Step(None, 0.0, True, {"metrics": self._metrics(state)})
+            return Step(None, state["credit"], True, {"metrics": self._metrics(state)})
         outputs = []
         for code in blocks:
             state["runs"] += 1
@@ -47,8 +48,7 @@ class CodeInterpreterEnv:
             outputs.append(out)
         ok = not any(o.startswith("error") for o in outputs)
         observation = [{"role": "user", "content": "Output:\n" + "\n".join(outputs)}]
-        return Step(observation, self.format_reward if ok else -self.format_reward, False,
-                    {"metrics": self._metrics(state)})
+        return Step(observation, format_credit(state, ok, self.format_reward), False, {"metrics": self._metrics(state)})
 
     @staticmethod
     def _metrics(state: dict[str, float]) -> dict[str, float]:

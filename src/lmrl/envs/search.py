@@ -8,8 +8,10 @@ Each call is answered by one `tool` message with the `top_k` best passages (BM25
 only, built once per environment). A reply without a `<tool_call>` tag is the final answer and ends the
 episode; its text after the last 'Answer:' is graded against the row's gold answer after SQuAD-style
 normalisation (lowercase, no punctuation or articles): exact match pays 1 (or the token F1 with
-`answer_reward="f1"`). Search turns earn the `tool_use` format reward: +`format_reward` when every call
-of the turn is well-formed, −`format_reward` otherwise (the malformed call gets an error observation).
+`answer_reward="f1"`). Search turns earn the `tool_use` format reward (`tools.format_credit`):
+−`format_reward` at once for a turn with a malformed call (which gets an error observation),
++`format_reward` per well-formed turn paid with the final answer, so an episode cut off before it
+answers keeps only the penalties.
 
 The shipped corpus, `fictional_atlas`, describes invented countries, cities, rivers, people and
 inventions (scripts/make_search_corpus.py), so the answers cannot come from the model's memory; task
@@ -27,7 +29,7 @@ from lmrl.config import TaskConfig
 from lmrl.envs.environment import ENVIRONMENTS, Step
 from lmrl.envs.single_turn import prompt_messages
 from lmrl.envs.tasks import TASKS, TaskData, TaskError, _split
-from lmrl.envs.tools import CALL, ToolError, parse_call
+from lmrl.envs.tools import CALL, ToolError, format_credit, parse_call
 from lmrl.rewards.functions import extract_answer
 from lmrl.rewards.judge_scoring import normalise_answer, token_f1
 
@@ -133,7 +135,7 @@ class SearchEnv:
 
     def reset(self, row: dict[str, Any], seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         state = {"gold": str(row["answer"]), "support": list(row.get("support") or ()), "searches": 0,
-                 "bad_calls": 0, "queries": [], "retrieved": [], "gold_retrieved": False, "search_turns": []}
+                 "bad_calls": 0, "queries": [], "retrieved": [], "gold_retrieved": False, "search_turns": [], "credit": 0.0}
         return prompt_messages(row, self.system_prompt), state
 
     def step(self, reply: str, state: dict[str, Any]) -> Step:
@@ -143,7 +145,7 @@ class SearchEnv:
             predicted = extract_answer(reply)
             exact = predicted is not None and normalise_answer(predicted) == normalise_answer(state["gold"])
             f1 = token_f1(predicted, state["gold"]) if predicted is not None else 0.0
-            reward = float(exact) if self.answer_reward == "exact" else f1
+            reward = (float(exact) if self.answer_reward == "exact" else f1) + state["credit"]
             return Step(None, reward, True, self._info(state, predicted is not None, exact, f1))
         state["search_turns"].append(True)
         results, well_formed = [], len(blocks) <= self.max_calls
@@ -156,8 +158,8 @@ class SearchEnv:
                 well_formed = False
                 results.append(f"error: {err}")
         observation = [{"role": self.role, "content": r} for r in results]
-        reward = self.format_reward if well_formed and blocks else -self.format_reward
-        return Step(observation, reward, False, self._info(state, False, False, 0.0))
+        return Step(observation, format_credit(state, well_formed and bool(blocks), self.format_reward), False,
+                    self._info(state, False, False, 0.0))
 
     def search(self, query: str, state: dict[str, Any]) -> str:
         """The passages for `query`, numbered; records the query and what it retrieved in the state."""

@@ -8,9 +8,10 @@ call is a JSON object in tags, any number per turn:
 
 Each call is answered by one `tool` message holding its result (or an error). A reply without a
 `<tool_call>` tag is the final answer and ends the episode; the task's answer reward grades it
-(`Sample.info["text"]` is the last reply). Per turn, the environment's reward is an R2IF-style format
-reward: +`format_reward` when every call of the turn is well-formed (valid JSON, a known tool, the
-arguments it declares), −`format_reward` otherwise. A tool call that exceeds `tool_timeout_s` is
+(`Sample.info["text"]` is the last reply). The environment's reward is an R2IF-style format reward
+(`format_credit`): −`format_reward` at once for a turn with a malformed call, +`format_reward` for
+each turn whose calls are all well-formed (valid JSON, a known tool, the arguments it declares),
+paid with the final answer. A tool call that exceeds `tool_timeout_s` is
 answered with an error message (the episode goes on).
 """
 from __future__ import annotations
@@ -111,6 +112,17 @@ def parse_call(text: str, tools: list[str],
     return name, args
 
 
+def format_credit(state: dict[str, Any], well_formed: bool, weight: float) -> float:
+    """This turn's format reward: −`weight` now for a malformed turn; a well-formed one adds `weight` to
+    `state["credit"]`, paid with the final answer. A credit paid per turn would pay a policy for
+    calling tools until the episode is cut off and never answering (seen in training); deferred, an
+    episode that never answers keeps only its penalties."""
+    if well_formed:
+        state["credit"] += weight
+        return 0.0
+    return -weight
+
+
 @ENVIRONMENTS.register("tool_use", "calculator and sandboxed Python tools called in <tool_call> JSON tags; "
                                    "per-turn format reward, the answer graded by the task's reward")
 class ToolUseEnv:
@@ -129,12 +141,12 @@ class ToolUseEnv:
         self.max_chars, self.role = max_output_chars, observation_role
 
     def reset(self, row: dict[str, Any], seed: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        return prompt_messages(row, self.system_prompt), {"calls": 0, "bad_calls": 0, "timeouts": 0}
+        return prompt_messages(row, self.system_prompt), {"calls": 0, "bad_calls": 0, "timeouts": 0, "credit": 0.0}
 
     def step(self, reply: str, state: dict[str, float]) -> Step:
         blocks = CALL.findall(reply)
         if not blocks and "<tool_call>" not in reply:
-            return Step(None, 0.0, True, {"metrics": self._metrics(state)})
+            return Step(None, state["credit"], True, {"metrics": self._metrics(state)})
         results, well_formed = [], bool(blocks)
         for text in blocks[: self.max_calls] or [reply.split("<tool_call>", 1)[1]]:
             state["calls"] += 1
@@ -144,7 +156,7 @@ class ToolUseEnv:
                 state["bad_calls"] += 1
                 well_formed = False
                 results.append(f"error: {err}")
-        reward = self.format_reward if well_formed and len(blocks) <= self.max_calls else -self.format_reward
+        reward = format_credit(state, well_formed and len(blocks) <= self.max_calls, self.format_reward)
         observation = [{"role": self.role, "content": r} for r in results]
         return Step(observation, reward, False, {"metrics": self._metrics(state)})
 
