@@ -174,18 +174,23 @@ def run_async_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) ->
                 run.log_samples(step, [_sample_row(g, "train") for g in rollout.seen[:2]])
                 run.log_rollouts(step, rollout.seen)
                 progress.update(step, metrics)
+                step_end, paused = time.perf_counter(), 0.0  # evaluating and saving pause the run: not a step's time
                 last = step == cfg.trainer.steps
                 if s.eval_rows and ((cfg.eval.every and step % cfg.eval.every == 0 and not last)
                                     or (last and cfg.eval.at_end)):
-                    with producer.working:
+                    with producer.working:  # waiting for the batch in the making counts: rollouts go on meanwhile
+                        t_eval = time.perf_counter()
                         evaluated = evaluate_now(s, run, step, eval_engine)
+                        paused += time.perf_counter() - t_eval
                     if last:
                         result.eval_after = evaluated
                 if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
                     queued = producer.settle(step)
+                    t_save = time.perf_counter()
                     boundary = step_boundary(s, gens, run)
                     save(s, run, step, result, {**boundary, "async": {"queue": queued, "next_step": producer.next_step}})
-                last_end = time.perf_counter()  # evaluation and checkpoints pause the rollouts too: not a step's time
+                    paused += time.perf_counter() - t_save
+                last_end = step_end + paused
     finally:
         producer.stop()
     return result
