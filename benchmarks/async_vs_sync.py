@@ -5,7 +5,8 @@
 Each mode trains the quickstart recipe (SmolLM2-135M-Instruct, GRPO, 8 prompts × 8 samples) in its
 own child process, one after the other, on the same machine: `sync` with trainer.threads=2 (both
 cores for each phase in turn), `async1`/`async2` with trainer.threads=1 (one core for the rollout
-thread, one for the learner). Reported: samples/s and step time over the training wall clock
+thread, one for the learner, in one process), `async1_ray`/`async2_ray` with the rollouts in a Ray
+actor process (one core) and the learner in another (one core). Reported: samples/s and step time over the training wall clock
 (evaluations excluded; the first step, with its warm-up, too), the staleness seen, and the held-out
 greedy accuracy at each evaluation with the training minutes spent to reach it. The phase timings go
 to --json for `benchmarks/async_projection.py`.
@@ -22,9 +23,12 @@ from pathlib import Path
 
 from machine import cpu_model, load_average
 
+RAY_WORKER = ["dist.backend=ray", "dist.rollout_workers=1", "dist.worker_threads=1"]
 MODES = {"sync": ["trainer.threads=2"],
          "async1": ["trainer.threads=1", "rollout.max_staleness=1"],
-         "async2": ["trainer.threads=1", "rollout.max_staleness=2"]}
+         "async2": ["trainer.threads=1", "rollout.max_staleness=2"],
+         "async1_ray": ["trainer.threads=1", "rollout.max_staleness=1", *RAY_WORKER],
+         "async2_ray": ["trainer.threads=1", "rollout.max_staleness=2", *RAY_WORKER]}
 
 
 def child(mode: str, steps: int, eval_every: int, num_eval: int, workdir: Path) -> dict:
@@ -58,7 +62,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--eval-every", type=int, default=7)
     ap.add_argument("--num-eval", type=int, default=100, help="held-out problems per evaluation")
-    ap.add_argument("--modes", default="sync,async1,async2")
+    ap.add_argument("--modes", default="sync,async1,async2,async1_ray,async2_ray")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path, help="phase timings for benchmarks/async_projection.py")
     ap.add_argument("--child", help=argparse.SUPPRESS)
