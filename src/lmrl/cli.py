@@ -106,6 +106,8 @@ def cmd_train(args) -> int:
     if resume is not None:
         console.print(f"resuming {resume}")
     result = train(cfg, resume=resume)
+    if result.stopped:
+        console.print(f"stopped after step {result.steps} (trainer.stop_when: {result.stopped})", soft_wrap=True)
     before = result.eval_before.get("eval/accuracy")
     after = result.eval_after.get("eval/accuracy")
     console.print(f"run directory: {result.run_dir}  (training time {result.train_seconds / 60:.1f} min)",

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_serializer,
-                      field_validator)
+                      field_validator, model_validator)
 
 from lmrl.presets import PRESETS
 
@@ -196,8 +196,23 @@ class AlgoConfig(Section):
     guards: GuardConfig = Field(default_factory=GuardConfig)  # ratio / NaN / entropy guards with rollback
 
 
+class StopRule(Section):
+    """Stop training after the first step whose logged `metric` is above (or below) a threshold."""
+
+    metric: str  # a name from the step's log (metrics.jsonl), e.g. reward/majority_vote
+    above: float | None = None
+    below: float | None = None
+
+    @model_validator(mode="after")
+    def _one_threshold(self) -> "StopRule":
+        if (self.below is None) == (self.above is None):
+            raise ValueError("give exactly one of `above` and `below`")
+        return self
+
+
 class TrainerConfig(Section):
-    steps: int = Field(20, ge=1)
+    steps: int = Field(20, ge=1)  # the most steps; `stop_when` may end the run earlier
+    stop_when: list[StopRule] = Field(default_factory=list)  # label-free stopping rules (docs/runs.md)
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)

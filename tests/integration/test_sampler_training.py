@@ -58,6 +58,16 @@ def test_sampler_learns_in_the_loop_and_resumes_to_the_same_prompts(tmp_path, na
     if name == "curriculum":
         assert all(int(u) % 3 == 0 for u in drawn[0])  # step 1: the easiest level only
 
+    logged = [json.loads(line) for line in (tmp_path / "a" / "runs" / "toy" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in logged if "sampler/seen_share" in r]
+    assert len(steps) == 3 and steps[-1]["sampler/seen_share"] == len(observed) / 44  # the sampler's own metrics
+    if name == "curriculum":
+        assert [r["sampler/frontier"] for r in steps] == [0.0, 0.0, 0.5]  # the clock of each draw, ramp 2
+    if name == "heapa":
+        assert steps[-1]["sampler/cold"] + steps[-1]["sampler/low"] + steps[-1]["sampler/high"] <= 44
+    if name == "rail":
+        assert sum(steps[-1][f"sampler/arm_{a}"] for a in ("none", "retry", "revisit")) == pytest.approx(1.0)
+
     half, first = run(tmp_path / "b", name, steps=2)
     assert first == drawn[:2]
     resumed, rest = run(tmp_path / "b", name, steps=3, resume=tmp_path / "b" / "runs" / "toy")

@@ -63,6 +63,9 @@ class _Adaptive(UniformSampler):
     def observe(self, groups: list[Group]) -> None:
         self.stats.observe(groups)
 
+    def metrics(self) -> dict[str, float]:
+        return {**super().metrics(), **self.stats.summary(len(self.rows))}
+
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "stats": self.stats.state_dict()}
 
@@ -96,6 +99,7 @@ class HiveSampler(_Adaptive):
         self.probe_tokens, self.probe_rounds = probe_tokens, probe_rounds
         self.needs_probe = self.entropy_threshold > 0
         self.probe: Callable[[list[dict], int], list[float]] | None = None  # bound by the run (lmrl.data.probe)
+        self.last = {"sampler/in_edge_share": 1.0, "sampler/probed": 0.0, "sampler/probe_dropped": 0.0}
 
     def next_prompts(self, n: int) -> list[dict[str, Any]]:
         in_edge = set(history_filter([self.stats.p_hat(u) for u in self.uids], self.band, self.top_k))
@@ -118,9 +122,17 @@ class HiveSampler(_Adaptive):
                     dropped.append((h, i))
             if len(chosen) == n:
                 break
+        filled = n - len(chosen)
         chosen += [i for _, i in sorted(dropped, key=lambda d: -d[0])][: n - len(chosen)]
         chosen += [self.next_index() for _ in range(n - len(chosen))]
+        self.last = {"sampler/in_edge_share": len(in_edge) / len(self.rows), "sampler/probe_dropped": float(len(dropped)),
+                     "sampler/filled_outside": float(filled)}
         return [self.rows[i] for i in chosen]
+
+    def metrics(self) -> dict[str, float]:
+        """Besides the history: the share of rows in the stage-1 edge, the candidates the probe dropped and
+        the batch slots filled from outside the accepted ones, at the last draw."""
+        return {**super().metrics(), **self.last}
 
 
 @SAMPLERS.register("curriculum", "difficulty curriculum: a pass-rate window and/or an easy-to-hard schedule")
@@ -145,6 +157,7 @@ class CurriculumSampler(_Adaptive):
             raise ValueError("need 0 < widen ≤ 1, 0 ≤ prior ≤ 1, 0 ≤ start ≤ 1 and ramp_steps ≥ 1")
         self.widen, self.prior, self.start, self.ramp_steps = float(widen), float(prior), float(start), ramp_steps
         self.rank = difficulty_ranks(rows, difficulty_field) if difficulty_field else [0.0] * len(rows)
+        self.last = {"sampler/window_low": self.window[0], "sampler/window_high": self.window[1]}
 
     def frontier(self) -> float:
         """The hardest difficulty rank available now."""
@@ -160,10 +173,17 @@ class CurriculumSampler(_Adaptive):
             if len(eligible) >= n or (lo <= 0 and hi >= 1):
                 break
             lo, hi = max(0.0, lo - self.widen), min(1.0, hi + self.widen)
+        self.last = {"sampler/window_low": lo, "sampler/window_high": hi, "sampler/frontier": reach,
+                     "sampler/eligible": float(len(eligible))}
         chosen = self.take(n, lambda i: i in eligible)
         while len(chosen) < n:  # fewer eligible rows than a batch: they repeat
             chosen += self.take(n - len(chosen), lambda i: i in eligible)
         return [self.rows[i] for i in chosen]
+
+    def metrics(self) -> dict[str, float]:
+        """Besides the history: the pass-rate window after widening, the schedule's frontier and the rows
+        eligible, at the last draw."""
+        return {**super().metrics(), **self.last}
 
 
 def difficulty_ranks(rows: list[dict[str, Any]], field: str) -> list[float]:

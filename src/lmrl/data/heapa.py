@@ -144,6 +144,12 @@ class HeapaSampler:
                 heapq.heapify(self.low)
         self.evict()
 
+    def metrics(self) -> dict[str, float]:
+        """The pool's partitions (rows cold, low, high, evicted) and the history's summary."""
+        return {"sampler/cold": float(len(self.cold)), "sampler/low": float(len(self.low)),
+                "sampler/high": float(len(self.high)), "sampler/evicted": float(len(self.archive)),
+                **self.stats.summary(len(self.rows))}
+
     def state_dict(self) -> dict[str, Any]:
         return copy.deepcopy({"rng": self.rng.getstate(), "cold": list(self.cold), "low": self.low, "high": self.high,
                               "in_flight": dict(self.in_flight), "archive": sorted(self.archive), "seq": self.seq,

@@ -73,6 +73,16 @@ class PromptStats:
         rec = self.records.get(uid)
         return int(rec["last_step"]) if rec else None
 
+    def summary(self, num_rows: int) -> dict[str, float]:
+        """What the history holds, for the step's log: the share of rows scored so far, and of those the
+        mean p̂ and the shares never and always passed (p̂ = 0 / 1)."""
+        p = [rec["total"] / rec["attempts"] for rec in self.records.values()]
+        out = {"sampler/seen_share": len(p) / max(num_rows, 1)}
+        if p:
+            out.update({"sampler/mean_p_hat": sum(p) / len(p), "sampler/p_hat_0_share": sum(x == 0 for x in p) / len(p),
+                        "sampler/p_hat_1_share": sum(x == 1 for x in p) / len(p)})
+        return out
+
     def state_dict(self) -> dict[str, Any]:
         return {"records": copy.deepcopy(self.records), "clock": self.clock}
 

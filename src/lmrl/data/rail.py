@@ -96,6 +96,7 @@ class RailSampler(UniformSampler):
         self.context = [1.0, 0.0, 0.0]
         self.baseline = [0.0, 0]  # sum and count of the `none` groups' signals
         self.pending: dict[int, list[tuple[int, list[float]]]] = {}  # row -> (arm, context) per draw
+        self.arms_drawn = [0] * len(ARMS)  # slots of the last batch per arm
 
     def arm_rows(self, arm: int, taken: set[int]) -> list[int]:
         """The rows arm `arm` may draw now (for retry/revisit: seen rows of its kind not yet in the batch)."""
@@ -105,6 +106,7 @@ class RailSampler(UniformSampler):
     def next_prompts(self, n: int) -> list[dict[str, Any]]:
         live = self.stats.clock >= self.shadow_steps
         chosen: list[int] = []
+        self.arms_drawn = [0] * len(ARMS)
         for _ in range(n):
             if live:
                 allowed = [a for a in range(len(ARMS)) if a == 0 or self.arm_rows(a, set(chosen))]
@@ -114,6 +116,7 @@ class RailSampler(UniformSampler):
                 i = self.next_index()
                 arm = 0 if i not in self.signal else ARMS.index("retry" if self.signal[i] == 0 else "revisit")
             self.pending.setdefault(i, []).append((arm, list(self.context)))
+            self.arms_drawn[arm] += 1
             chosen.append(i)
         return [self.rows[i] for i in chosen]
 
@@ -137,6 +140,13 @@ class RailSampler(UniformSampler):
                     self.baseline = [self.baseline[0] + signal, self.baseline[1] + 1]
             e = self.EMA
             self.context = [1.0, e * self.context[1] + (1 - e) * mean, e * self.context[2] + (1 - e) * (signal == 0)]
+
+    def metrics(self) -> dict[str, float]:
+        """Each arm's share of the last batch, the no-intervention baseline signal and the history's summary."""
+        slots = max(sum(self.arms_drawn), 1)
+        baseline = self.baseline[0] / self.baseline[1] if self.baseline[1] else 0.0
+        return {**super().metrics(), **{f"sampler/arm_{a}": c / slots for a, c in zip(ARMS, self.arms_drawn)},
+                "sampler/baseline_signal": baseline, **self.stats.summary(len(self.rows))}
 
     def state_dict(self) -> dict[str, Any]:
         own = copy.deepcopy({"signal": self.signal, "context": self.context, "baseline": self.baseline,

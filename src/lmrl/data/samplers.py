@@ -50,6 +50,10 @@ class UniformSampler:
     def observe(self, groups: list[Group]) -> None:
         """Uniform sampling learns nothing from rewards."""
 
+    def metrics(self) -> dict[str, float]:
+        """The sampler's state for the step's log (`sampler/*`): here the pass over the rows."""
+        return {"sampler/epoch": float(self.epoch)}
+
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self.rng.getstate(), "order": list(self.order), "position": self.position, "epoch": self.epoch}
 
@@ -59,6 +63,12 @@ class UniformSampler:
 
 
 RUN_ARGUMENTS = ("rows", "seed", "accuracy_component")  # what the run passes; not knobs
+
+
+def sampler_metrics(sampler) -> dict[str, float]:
+    """The sampler's `sampler/*` metrics for the step's log; `metrics()` is optional for samplers of your own."""
+    report = getattr(sampler, "metrics", None)
+    return report() if report is not None else {}
 
 
 def sampler_knobs(name: str) -> list[str] | None:

@@ -15,6 +15,7 @@ from statistics import mean
 from lmrl.algos.guards import guard_step
 from lmrl.config import Config, ConfigError, check_resume_config, load_run_config
 from lmrl.data import InputContext, load_source_state, source_state
+from lmrl.data.samplers import sampler_metrics
 from lmrl.envs import expand_prompts, pooled, prompt_families, rollout
 from lmrl.eval.evaluator import evaluate
 from lmrl.learners.checkpoint import (clean_partial, latest_checkpoint, load_checkpoint, restore_rng, rng_state,
@@ -25,6 +26,7 @@ from lmrl.loops.providers import provide, requested_inputs
 from lmrl.loops.run_dir import RunDir
 from lmrl.dist import Parallel
 from lmrl.loops.setup import Stages, build_stages, data_parallel
+from lmrl.loops.stopping import stop_reason
 from lmrl.eval.trackers import Trackers
 from lmrl.models.threads import apply_threads
 from lmrl.rewards.gaming import gaming_metrics
@@ -38,6 +40,7 @@ class RunResult:
     eval_before: dict[str, float] = field(default_factory=dict)
     eval_after: dict[str, float] = field(default_factory=dict)
     train_seconds: float = 0.0  # wall time of the steps run in this process, evaluations excluded
+    stopped: str | None = None  # why `trainer.stop_when` ended the run before `trainer.steps`
 
 
 def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float]]:
@@ -63,6 +66,7 @@ def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float
         kept += [f for f in prompt_families(rows, groups) if s.keep_group(pooled(f))]
         batches += 1
     metrics = {k: v / batches for k, v in metrics.items()}
+    metrics.update(sampler_metrics(s.sampler))
     metrics.update({"data/gen_batches": float(batches), "data/kept_groups": float(min(len(kept), prompts))})
     chosen, added = s.add_samples([g for f in kept[:prompts] for g in f], partial(source_rollout, s))
     metrics.update(added)
@@ -224,7 +228,10 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
         return run_async_steps(cfg, run, resume, s)
     gens = {"rollout": s.generator, "shuffle": s.learner.shuffle}
     result = RunResult(run.path, cfg.trainer.steps)
-    start, _ = resume_state(s, run, resume, gens, result)
+    start, state = resume_state(s, run, resume, gens, result)
+    if state.get("stopped"):  # a run that `trainer.stop_when` ended stays ended
+        result.steps, result.stopped = start, state["stopped"]
+        return result
     if start == 0:
         log_inputs_order(s, run)
     if start == 0 and cfg.eval.at_start and s.eval_rows:
@@ -255,20 +262,24 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                                 "timing/threads": float(threads),
                                 **s.data_notes})
                 metrics.update(guard_step(s, run.checkpoints, gens, step, metrics))
-                run.log(step, metrics)
+                stopped = stop_reason(cfg.trainer.stop_when, metrics)
+                run.log(step, {**metrics, **({"stopped": stopped} if stopped else {})})
                 run.log_samples(step, [_sample_row(g, "train") for g in seen[:2]])
                 run.log_rollouts(step, seen)
                 progress.update(step, metrics)
-                last = step == cfg.trainer.steps
+                last = step == cfg.trainer.steps or stopped is not None
                 if cfg.eval.every and step % cfg.eval.every == 0 and not last and s.eval_rows:
                     evaluate_now(s, run, step)
                 if last and cfg.eval.at_end and s.eval_rows:
                     result.eval_after = evaluate_now(s, run, step)
                 done, updates_at_boundary = step, s.learner.optimizer_steps
-                boundary = step_boundary(s, gens, run)
+                boundary = {**step_boundary(s, gens, run), "stopped": stopped}
                 if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
                     save(s, run, step, result, boundary)
                     saved = step
+                if stopped:
+                    result.steps, result.stopped = step, stopped
+                    break
     except BaseException:
         # weights still match `boundary` (one process: the other ranks of a parallel run may be gone)
         if done > saved and s.learner.optimizer_steps == updates_at_boundary and s.parallel.world_size == 1:
