@@ -8,6 +8,11 @@ random words; generation stops only at the length limit (random weights rarely e
 
     python benchmarks/gpu.py --out docs/gpu_result.md     # about 6 minutes on one H200
     python benchmarks/gpu.py --shapes tiny --device cpu --steps 2   # a smoke run of the script itself
+    python benchmarks/gpu.py --ranks 2 --variants full              # data-parallel learner, one GPU per rank (NCCL)
+
+With `--ranks N` the script starts itself under torchrun: N ranks, NCCL on CUDA (gloo on the CPU),
+each generating and training its share of the global batch (docs/scaling.md); rank 0 reports, MFU
+per device. NCCL needs one GPU per rank.
 
 Reported per variant, from the loop's own metrics (the first step is warm-up and not counted):
 rollout tokens/s (generated tokens / rollout time), training tokens/s (tokens of the update batch /
@@ -19,6 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -111,7 +119,7 @@ def run_variant(shape: str, variant: str, a, workdir: Path) -> dict[str, float]:
     generated = sum(r["tokens_per_s"] * r["timing/rollout_s"] for r in timed)
     out = {"rollout_tok_s": generated / sum(r["timing/rollout_s"] for r in timed),
            "train_tok_s": batch_tokens / train_s,
-           "mfu": 6 * n * batch_tokens / train_s / (a.peak_tflops * 1e12),
+           "mfu": 6 * n * batch_tokens / train_s / (a.peak_tflops * 1e12 * a.ranks),
            "step_s": sum(r["timing/step_s"] for r in timed) / len(timed),
            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")}
     del stages, model
@@ -133,10 +141,18 @@ def main() -> None:
     ap.add_argument("--shapes", default="0.5B,1.5B")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--ranks", type=int, default=1, help="data-parallel ranks (torchrun; one GPU each)")
     ap.add_argument("--out")
     a = ap.parse_args()
+    if a.ranks > 1 and "WORLD_SIZE" not in os.environ:
+        if a.device != "cpu" and torch.cuda.is_available() and torch.cuda.device_count() < a.ranks:
+            sys.exit(f"--ranks {a.ranks} needs {a.ranks} GPUs (NCCL: one per rank); {torch.cuda.device_count()} visible")
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={a.ranks}",
+                  __file__, *sys.argv[1:]]
+        sys.exit(subprocess.run(launch).returncode)
+    main_rank = int(os.environ.get("RANK", "0")) == 0
     name = torch.cuda.get_device_name() if torch.cuda.is_available() and a.device != "cpu" else "cpu"
-    lines = [f"device: {name}; the real lmrl loop, GRPO, {a.prompts} prompts × {a.group} samples, prompt "
+    lines = [f"device: {name} × {a.ranks} rank(s); the real lmrl loop, GRPO, {a.prompts} prompts × {a.group} samples, prompt "
              f"{a.prompt_len} tokens, {a.new_tokens} new tokens, bf16 autocast over fp32 master weights, "
              f"hf engine; mean of steps 2–{a.steps}", "",
              "| model | variant | rollout tok/s | train tok/s | update MFU | step s | peak GiB |",
@@ -145,9 +161,13 @@ def main() -> None:
         for shape in a.shapes.split(","):
             for variant in a.variants.split(","):
                 r = run_variant(shape, variant, a, Path(tmp) / f"{shape}-{variant}")
+                if not main_rank:
+                    continue
                 lines.append(f"| {shape} | {variant} | {r['rollout_tok_s']:.0f} | {r['train_tok_s']:.0f} | "
                              f"{r['mfu']:.1%} | {r['step_s']:.1f} | {r['peak_gib']:.1f} |")
                 print(lines[-1], flush=True)
+    if not main_rank:
+        return
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:
