@@ -198,7 +198,7 @@ def _sample_source(cfg: Config) -> None:
             knobs.check(cfg)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"data.source_params for data.demonstrations={mode}: {err}") from None
-    if spec.generates and cfg.env.name:
+    if spec.generates and cfg.env.name and not spec.episodes:
         raise ConfigError(f"data.demonstrations={mode} rolls out extended prompts of a single-turn task; "
                           f"env.name={cfg.env.name!r} runs episodes")
     if spec.generates and cfg.data.group_filter != "none":

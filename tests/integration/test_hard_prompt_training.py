@@ -99,3 +99,57 @@ def test_rise_privileged_rows_train_through_the_auxiliary_term(tmp_path):
     state = torch.load(tmp_path / "runs" / "toy" / "checkpoints" / "step-000003" / "state.pt", weights_only=False)
     saved = state["sample_source"]  # the miss counts and reward history continue on resume
     assert len(saved["history"]) == 3 and saved["misses"] and saved["active"]
+
+
+TWO_TURN_ENV = '''
+from lmrl.envs import Step
+from lmrl.envs.single_turn import prompt_messages
+
+
+class TwoTurns:
+    """The row's prompt (examples included), one "again" from the environment, then the episode ends."""
+
+    def reset(self, row, seed):
+        return prompt_messages(row, None), {"turn": 0}
+
+    def step(self, reply, state):
+        state["turn"] += 1
+        done = state["turn"] == 2
+        return Step(None if done else [{"role": "user", "content": "again"}], 0.0, done)
+'''
+
+EXAMPLE = [{"role": "user", "content": "q0 say it"}, {"role": "assistant", "content": "7"}]
+
+
+def test_guided_replay_of_episodes_shows_examples_and_trains_them_under_the_plain_prompt(tmp_path):
+    """Guided episodes see a worked exchange before the question; moved under the group's own episode prompt
+    they keep their environment tokens out of the loss."""
+    (tmp_path / "two_turns.py").write_text(TWO_TURN_ENV)
+    cfg = toy_run_config(tmp_path, 2, env={"name": f"{tmp_path / 'two_turns.py'}:TwoTurns", "max_turns": 2},
+                         reward={"components": [{"name": "contains_7"}, {"name": "env"}],
+                                 "accuracy_component": "contains_7"},
+                         data={"demonstrations": "guided_replay",
+                               "source_params": {"tau": 1.01, "count": 2, "guidance": "", "examples": EXAMPLE}})
+    stages = stages_for(cfg)
+    _, kept, metrics = collect_groups(stages)
+    assert metrics["guided/replaced"] == 2 * len(kept)
+    for group in kept:
+        plain = [x for x in group.samples if x.origin is Origin.SAMPLED]
+        guided = [x for x in group.samples if x.origin is Origin.GUIDED]
+        assert len(guided) == 2 and plain
+        for x in guided:
+            assert x.prompt_ids == plain[0].prompt_ids  # the episode prompt without the example
+            assert x.info["messages"][:2] == EXAMPLE  # what the guided episode was shown
+            assert x.loss_mask is not None and 0 in x.loss_mask and len(x.loss_mask) == len(x.completion_ids)
+        assert EXAMPLE[1]["content"] not in [m["content"] for m in plain[0].info["messages"][:2]]
+    steps = trained(cfg, stages)
+    assert all(r["guided/replaced"] > 0 for r in steps)
+
+
+def test_guided_replay_needs_guidance_or_examples(tmp_path):
+    import pytest
+
+    from lmrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="guidance text or examples"):
+        toy_run_config(tmp_path, 1, data={"demonstrations": "guided_replay", "source_params": {"guidance": ""}})

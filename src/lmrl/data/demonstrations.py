@@ -48,7 +48,8 @@ class SourceSpec:
 
     template: bool = False  # reads task.demonstration
     scored_alone: bool = True  # scores its samples apart from their group: per-sample rewards only
-    generates: bool = False  # rolls out prompts of its own (single-turn tasks, no group filter)
+    generates: bool = False  # rolls out prompts of its own (no group filter; single-turn unless `episodes`)
+    episodes: bool = False  # what it generates may be episodes of the run's environment (env.name)
     supervised: bool = False  # its rows train only through algo.demo_nll_coef
     params: type | None = None  # the record of its knobs (data.source_params); `row_fields()`: the fields it reads
 

@@ -29,15 +29,23 @@ HINT_TEMPLATE = "## Hint\n{hints}"
 CRITERIA_TEMPLATE = "Make sure your reply meets these criteria:\n{criteria}"
 
 
-def extended_row(row: dict, text: str, tokenizer, system_prompt: str | None, tag: str) -> dict:
-    """`row` with `text` appended to its prompt after a blank line, re-encoded, under the uid `uid#tag`."""
+def extended_row(row: dict, text: str, tokenizer, system_prompt: str | None, tag: str,
+                 examples: list[dict] | None = None) -> dict:
+    """`row` with `text` appended to its prompt after a blank line (none when empty) and `examples`
+    (chat messages: a worked exchange) put before its first user message, re-encoded, under the uid
+    `uid#tag`. An environment builds its episode's prompt from the same row fields."""
     out = {k: v for k, v in row.items() if k != "variants"}
-    out.update(uid=f"{row['uid']}#{tag}", question=f"{row['question']}\n\n{text}")
+    out.update(uid=f"{row['uid']}#{tag}", question=f"{row['question']}\n\n{text}" if text else row["question"])
     chat = row.get("prompt_messages")
-    if chat is not None:
+    if chat is not None and text:
         last = max(i for i, m in enumerate(chat) if m["role"] == "user")
-        out["prompt_messages"] = [{**m, "content": f"{m['content']}\n\n{text}"} if i == last else dict(m)
-                                  for i, m in enumerate(chat)]
+        chat = [{**m, "content": f"{m['content']}\n\n{text}"} if i == last else dict(m) for i, m in enumerate(chat)]
+    if examples:
+        chat = chat if chat is not None else [{"role": "user", "content": out["question"]}]
+        first = min(i for i, m in enumerate(chat) if m["role"] == "user")
+        chat = [dict(m) for m in chat[:first]] + [dict(m) for m in examples] + [dict(m) for m in chat[first:]]
+    if chat is not None:
+        out["prompt_messages"] = chat
     out["prompt_ids"] = encode_prompt(tokenizer, out, system_prompt)
     return out
 
@@ -48,17 +56,21 @@ def group_accuracy(group: Group, component: str) -> float | None:
     return sum((x.rewards.get(component) or 0.0) >= 1.0 for x in scored) / len(scored) if scored else None
 
 
-def replayed(sample: Sample, row: dict, origin: Origin) -> Sample:
-    """A guided rollout moved under the original prompt: same completion, the policy's log-probs filled later."""
-    return Sample(prompt_ids=list(row["prompt_ids"]), completion_ids=list(sample.completion_ids),
+def replayed(sample: Sample, row: dict, prompt_ids: list[int], origin: Origin) -> Sample:
+    """A guided rollout moved under the original prompt `prompt_ids`: same completion (an episode keeps its
+    environment tokens out of the loss), the policy's log-probs filled later."""
+    return Sample(prompt_ids=list(prompt_ids), completion_ids=list(sample.completion_ids),
                   behaviour_logprobs=[0.0] * len(sample.completion_ids), finish_reason=sample.finish_reason,
                   policy_version=list(sample.policy_version),
-                  info={**sample.info, "row": row, "guided_prompt": sample.info["row"]["question"]}, origin=origin)
+                  info={**sample.info, "row": row, "guided_prompt": sample.info["row"]["question"]}, origin=origin,
+                  loss_mask=None if sample.loss_mask is None else list(sample.loss_mask))
 
 
 def scored_replays(group: Group, rollouts: Group, origin: Origin, scorer) -> list[Sample]:
-    """`rollouts` under `group`'s prompt, scored there by the run's reward; the excluded ones dropped."""
-    samples = [replayed(x, group.row, origin) for x in rollouts.samples]
+    """`rollouts` under `group`'s prompt, scored there by the run's reward; the excluded ones dropped.
+    The prompt is the group's own (an environment's episodes start from the prompt it built), else the row's."""
+    prompt_ids = group.samples[0].prompt_ids if group.samples else group.row["prompt_ids"]
+    samples = [replayed(x, group.row, prompt_ids, origin) for x in rollouts.samples]
     scorer.score([Group(uid=rollouts.uid, row=group.row, samples=samples)])
     return [x for x in samples if x.excluded is None]
 
@@ -143,10 +155,18 @@ class HintedRerolls:
 class GuidedReplayParams:
     tau: float = 0.25  # a group whose accuracy is below tau gets guided rollouts
     count: int = 2  # guided rollouts per such group, each replacing one of its worst members
-    guidance: str = "The correct answer is {answer}."  # appended to the prompt; a template over the row
+    guidance: str = "The correct answer is {answer}."  # appended to the prompt; a template over the row ("": none)
+    examples: list[dict] | None = None  # chat messages of a worked exchange shown before the question
 
     def row_fields(self) -> set[str]:
         return template_fields(self.guidance)
+
+    def check(self, cfg) -> None:
+        if not self.guidance and not self.examples:
+            raise ValueError("guided_replay needs guidance text or examples (or both)")
+        for m in self.examples or []:
+            if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or not isinstance(m.get("content"), str):
+                raise ValueError(f"examples: each message needs role user|assistant and a content string (got {m!r})")
 
 
 def worst_first(samples: list[Sample]) -> list[int]:
@@ -155,7 +175,8 @@ def worst_first(samples: list[Sample]) -> list[int]:
 
 
 @SAMPLE_SOURCES.register("guided_replay", "TaoSR-AGRL: guided rollouts of a low-accuracy group, scored under the "
-                         "original prompt, replace its worst members", generates=True, params=GuidedReplayParams)
+                         "original prompt, replace its worst members", generates=True, episodes=True,
+                         params=GuidedReplayParams)
 class GuidedReplay:
     """TaoSR-AGRL: guided rollouts, scored and trained under the original prompt, replace the worst members."""
 
@@ -168,7 +189,7 @@ class GuidedReplay:
         hard = [i for i, g in enumerate(groups)
                 if (acc := group_accuracy(g, self.cfg.reward.accuracy_component)) is not None and acc < p.tau]
         rows = [extended_row(groups[i].row, p.guidance.format(**groups[i].row), self.tokenizer,
-                             self.cfg.task.system_prompt, "guided") for i in hard]
+                             self.cfg.task.system_prompt, "guided", p.examples) for i in hard]
         out, guided_rewards = list(groups), []
         for i, rollouts in zip(hard, generate(rows, p.count) if rows else []):
             guided = scored_replays(groups[i], rollouts, Origin.GUIDED, self.scorer)
