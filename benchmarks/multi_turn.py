@@ -4,11 +4,12 @@ Both sides generate exactly the same number of policy tokens with the `hf` engin
 E episodes of T turns × M tokens each (the episode runner, `lmrl.envs.episodes`, one engine call per
 turn round for all live episodes, with a short user message between turns) against E single-turn
 completions of T × M tokens (one engine call). End-of-sequence is disabled on both sides so every
-turn runs its full length. Timed rounds alternate the two sides (after one untimed warm-up each), so
-drifts of a shared machine hit both alike. The ratio multi-turn / single-turn tokens/s is what a
-multi-turn run loses to its extra prefills (with the hf engine each turn re-reads its whole episode
-so far: it keeps no cache between calls; vLLM's prefix cache keeps the episode's KV, `--engine vllm`)
-and the environment's own work.
+turn runs its full length. Timed rounds alternate the sides (after one untimed warm-up each), so
+drifts of a shared machine hit all alike. The ratio multi-turn / single-turn tokens/s is what a
+multi-turn run loses to its extra prefills and the environment's own work. The runner asks for
+prefix reuse (`SamplingParams.keep_prefix`): the hf engine then keeps each episode's KV between turn
+rounds and prefills only the new tokens (vLLM has its own prefix cache, `--engine vllm`). On hf a
+third side, "multi-turn, no reuse", forces it off: every turn re-reads its whole episode so far.
 
     .venv/bin/python benchmarks/multi_turn.py                          # tiny random model
     .venv/bin/python benchmarks/multi_turn.py --model default --out docs/environments_result.md
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 
 import torch
 from machine import cpu_model
@@ -43,6 +45,16 @@ class Chatty:
         state["turn"] += 1
         done = state["turn"] >= self.turns
         return Step(None if done else [{"role": "user", "content": "Go on."}], 0.0, done)
+
+
+class WithoutReuse:
+    """An engine with prefix reuse forced off: each turn prefills its whole episode."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def generate(self, prompts, n, params, generator=None):
+        return self.engine.generate(prompts, n, replace(params, keep_prefix=False), generator)
 
 
 def load(model_name: str):
@@ -90,8 +102,8 @@ def main() -> None:
     turn_params = SamplingParams(max_new_tokens=args.tokens_per_turn)
     single_params = SamplingParams(max_new_tokens=args.turns * args.tokens_per_turn)
 
-    def multi(gen):
-        groups = run_episodes(engine, tok, rows, 1, turn_params, env, limits, gen)
+    def multi(gen, runner_engine=engine):
+        groups = run_episodes(runner_engine, tok, rows, 1, turn_params, env, limits, gen)
         return sum(x.num_generated for g in groups for x in g.samples)
 
     def single(gen):
@@ -99,6 +111,8 @@ def main() -> None:
         return sum(len(c[0].token_ids) for c in outs)
 
     sides = {"single-turn": single, "multi-turn": multi}
+    if args.engine == "hf":
+        sides["multi-turn, no reuse"] = lambda gen: multi(gen, WithoutReuse(engine))
     times: dict[str, list[float]] = {k: [] for k in sides}
     tokens: dict[str, int] = {}
     for rnd in range(args.rounds + 1):
@@ -120,8 +134,14 @@ def main() -> None:
         "|---|---|---|---|",
         *[f"| {k} | {tokens[k]} | {', '.join(f'{t:.2f}' for t in times[k])} | {rate[k]:.1f} |" for k in sides],
         "",
-        f"multi-turn / single-turn tokens/s: **{rate['multi-turn'] / rate['single-turn']:.2f}×**",
+        *[f"{k} / single-turn tokens/s: **{rate[k] / rate['single-turn']:.2f}×**" for k in list(sides)[1:]],
     ]
+    if args.engine == "hf":
+        st = engine.prefix_stats
+        share = st["reused_tokens"] / max(st["prompt_tokens"], 1)
+        lines += ["", f"prefix reuse (multi-turn side, all {args.rounds + 1} rounds): {st['reused_tokens']} of "
+                  f"{st['prompt_tokens']} prompt tokens reused ({share:.0%}), {st['prefill_tokens']} prefilled; "
+                  f"KV kept at most {st['kv_bytes_peak'] / 2**20:.1f} MiB"]
     text = "\n".join(lines)
     print(text)
     if args.out:

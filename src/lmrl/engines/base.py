@@ -18,6 +18,10 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     greedy: bool = False
+    # Keep each finished row's KV for the next call, which then prefills only what its prompts add
+    # (multi-turn episodes; the hf engine, `engines.prefix_cache`). Other engines ignore it: vLLM has
+    # its own prefix cache.
+    keep_prefix: bool = False
 
 
 @dataclass

@@ -2,7 +2,9 @@
 
 Samples of one prompt share one prefill (the prompt cache is computed once and repeated), finished
 rows leave the batch (per-sample stop at EOS), and the log-prob of every sampled token under the
-sampling distribution is returned as the behaviour log-prob.
+sampling distribution is returned as the behaviour log-prob. With `SamplingParams.keep_prefix` the
+KV of finished rows is kept for the next such call, which prefills only what each prompt adds to a
+stored prefix (multi-turn episodes; `lmrl.engines.prefix_cache`, counters in `prefix_stats`).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch
 
 from lmrl.engines.base import ENGINES, Completion, SamplingParams
 from lmrl.engines.kv_cache import decode_cache
+from lmrl.engines.prefix_cache import PrefixStore, batch_inputs, reusable
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -71,6 +74,12 @@ class HFEngine:
         self.pad_token_id = pad_token_id
         self.bf16 = bf16
         self.version = 0
+        self.prefix = PrefixStore(reusable(model.config))
+
+    @property
+    def prefix_stats(self) -> dict[str, int]:
+        """Prefix reuse so far (calls with `keep_prefix`): prompt / reused / prefilled tokens, KV bytes kept."""
+        return dict(self.prefix.stats)
 
     @property
     def device(self) -> torch.device:
@@ -80,6 +89,7 @@ class HFEngine:
         if named_tensors:
             self.model.load_state_dict(named_tensors, strict=False)
         self.version = version
+        self.prefix.clear()  # KV computed with the old weights
         return {}  # the module is the learner's: nothing to push
 
     def _autocast(self):
@@ -111,15 +121,15 @@ class HFEngine:
 
     def _decode(self, prompts, n, params: SamplingParams, generator):
         device = self.device
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attn = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            attn[i, width - len(p):] = 1
+        keep = params.keep_prefix and self.prefix.supported
+        matches = self.prefix.take(prompts) if keep else [(None, 0)] * len(prompts)
+        ids, attn, prefix_kv = batch_inputs(prompts, matches, self.pad_token_id)
         ids, attn = ids.to(device), attn.to(device)
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
-        cache = decode_cache(self.model.config, reserve=params.max_new_tokens)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+        reserve = params.max_new_tokens + (ids.shape[1] if prefix_kv else 0)
+        cache = decode_cache(self.model.config, reserve=reserve)
+        for layer, (keys, values) in zip(cache.layers, prefix_kv or []):
+            layer.update(keys.to(device), values.to(device))
         decoder = self.model.get_decoder()
         cached = {cache_argument(decoder): cache}
         hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True,
@@ -144,7 +154,12 @@ class HFEngine:
                 tokens[r].append(tok)
                 logprobs[r].append(lp)
                 stopped[r] = fin
-            if step == params.max_new_tokens - 1 or bool(finished.all()):
+            last = step == params.max_new_tokens - 1 or bool(finished.all())
+            if keep:  # rows leaving now: their cache holds the prompt and every token but the last
+                for i in torch.nonzero(finished | last).squeeze(1).tolist():
+                    r = int(active[i])
+                    self.prefix.keep(prompts[r // n] + tokens[r][:-1], cache.layers, i, attn[i].bool())
+            if last:
                 break
             if bool(finished.any()):  # finished rows leave the batch and its cache
                 idx = torch.nonzero(~finished).squeeze(1)

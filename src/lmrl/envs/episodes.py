@@ -3,10 +3,11 @@
 `run_episodes` plays `n` episodes per task row against the policy. Every turn round sends the next
 turn of all live episodes to the engine in one `engine.generate(prompts, 1, ...)` call (any engine
 works: it only sees prompts), then lets the environment answer each reply (`step`, in a thread pool,
-under `env.step_timeout_s`). An episode is one token sequence: the opening prompt, then each policy
-turn's token ids exactly as sampled (loss mask 1, their behaviour log-probs) and each observation's
-chat-template continuation (`lmrl.envs.chat`; loss mask 0, log-prob 0.0). Nothing the policy
-generated is re-tokenised.
+under `env.step_timeout_s`). The calls ask the engine to keep each episode's KV for its next turn
+(`SamplingParams.keep_prefix`: a turn then prefills only the tokens added since). An episode is one
+token sequence: the opening prompt, then each policy turn's token ids exactly as sampled (loss mask
+1, their behaviour log-probs) and each observation's chat-template continuation (`lmrl.envs.chat`;
+loss mask 0, log-prob 0.0). Nothing the policy generated is re-tokenised.
 
 Limits: `env.max_turns` policy turns and `env.max_episode_tokens` tokens after the prompt (a turn is
 cut to fit; an observation that does not fit ends the episode); either ends it with finish reason
@@ -19,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -139,10 +140,11 @@ def run_episodes(engine, tokenizer, rows: list[dict[str, Any]], n: int, params, 
     steps = steps or StepPool(limits.concurrency, limits.step_timeout_s)
     seeds = episode_seeds(generator, len(rows) * n)
     episodes = [Episode(row=row, seed=seeds[i * n + j]) for i, row in enumerate(rows) for j in range(n)]
+    turn_params = replace(params, keep_prefix=True)
     try:
         _open(episodes, env, tokenizer, steps)
         while live := [e for e in episodes if not e.done]:
-            completions = engine.generate([e.prompt_ids + e.ids for e in live], 1, params, generator)
+            completions = engine.generate([e.prompt_ids + e.ids for e in live], 1, turn_params, generator)
             replied = [e for e, outs in zip(live, completions) if _append_turn(e, outs[0], tokenizer, limits)]
             results = steps.run([lambda e=e: env.step(e.replies[-1], e.state) for e in replied])
             for e, (step, problem) in zip(replied, results):
