@@ -105,6 +105,19 @@ class RolloutConfig(Section):
     # max(0, j − 1 − k) while the learner trains on earlier batches (docs/scaling.md)
     max_staleness: int | None = Field(None, ge=0)
     weight_transport: str = "in_process"  # how new weights reach the rollout engine (async loop; docs/scaling.md)
+    # async loop (docs/scaling.md): > 1 makes each batch in this many chunks, the learner training on each as it comes
+    stream_chunks: int = Field(1, ge=1)
+    # async loop: a batch (chunk) from its step's version (fixed, reproducible) or the newest the bound admits
+    versions: Literal["fixed", "newest"] = "fixed"
+
+    @model_validator(mode="after")
+    def _async_modes(self) -> "RolloutConfig":
+        if (self.stream_chunks > 1 or self.versions != "fixed") and self.max_staleness is None:
+            raise ValueError("stream_chunks > 1 and versions: newest are modes of the asynchronous loop: "
+                             "set rollout.max_staleness")
+        if self.stream_chunks > self.prompts_per_step:
+            raise ValueError(f"stream_chunks={self.stream_chunks} exceeds prompts_per_step={self.prompts_per_step}")
+        return self
 
 
 class DistConfig(Section):

@@ -322,6 +322,41 @@ def _method_rows(cfg: Config, rows: list[dict]) -> None:
                               "training rows lack")
 
 
+def streaming_problems(cfg: Config) -> list[str]:
+    """Why this config's batches cannot be consumed chunk by chunk (empty: they can). Read from the
+    methods' declarations: the estimator's `group_local`, the aggregation's `denominator`, their states."""
+    a, t = cfg.algo, cfg.trainer
+    advantage, loss = ADVANTAGES.spec(a.advantage), LOSSES.spec(a.loss)
+    checks = [
+        (not advantage.group_local, f"algo.advantage={a.advantage} does not declare group_local=True: its "
+                                    "advantages may read statistics of the whole batch"),
+        (a.group_by is not None, "algo.group_by pools advantage groups across prompts, which chunks split"),
+        (a.cost_aware_fraction > 0, "algo.cost_aware_fraction draws rows over the whole batch"),
+        (advantage.state is not None or loss.state is not None,
+         f"algo.advantage={a.advantage} / algo.loss={a.loss} keep a state that learns from the whole batch"),
+        (AGGREGATIONS.spec(a.aggregation).denominator is None,
+         f"algo.aggregation={a.aggregation} declares no single denominator to divide the summed gradients by"),
+        (a.critic, "algo.critic adds a value loss with a denominator of its own"),
+        (a.demo_nll_coef > 0, "algo.demo_nll_coef adds a demonstration term with a denominator of its own"),
+        (t.epochs * t.mini_batches > 1, "trainer.epochs and trainer.mini_batches must be 1: the update is one "
+                                        "optimiser step on the whole batch"),
+        (cfg.data.group_filter != "none", f"data.group_filter={cfg.data.group_filter} re-rolls prompts until "
+                                          "enough groups pass: chunks could not be handed over before that"),
+        (cfg.data.demonstrations != "none", f"data.demonstrations={cfg.data.demonstrations} adds samples to the "
+                                            "assembled batch"),
+    ]
+    return [why for bad, why in checks if bad]
+
+
+def _streaming(cfg: Config) -> None:
+    """Refuse `rollout.stream_chunks` > 1 where chunk-by-chunk updates would not be the whole-batch update."""
+    problems = streaming_problems(cfg) if cfg.rollout.stream_chunks > 1 else []
+    if problems:
+        raise ConfigError(f"rollout.stream_chunks={cfg.rollout.stream_chunks} trains on each chunk as it arrives, "
+                          "which gives the whole-batch update only for a group-local preparation and one optimiser "
+                          "step per batch; here:\n  " + "\n  ".join(problems))
+
+
 CONFIG_STAGES = ("names", "combinations")  # need no data: build_config runs them
 PIPELINE: list[tuple[str, Callable[..., None]]] = [
     ("names", _registered), ("names", _reward_names), ("names", _trackers),
@@ -329,6 +364,7 @@ PIPELINE: list[tuple[str, Callable[..., None]]] = [
     ("combinations", _kl_in_reward), ("combinations", _groups), ("combinations", _overlong),
     ("combinations", _peers), ("combinations", _demonstrations), ("combinations", _sample_source),
     ("combinations", _critic), ("combinations", _inputs), ("combinations", _knobs), ("combinations", _rejected_tokens),
+    ("combinations", _streaming),
     ("data", _demonstration_rows), ("data", _source_rows), ("data", _method_rows),
 ]
 

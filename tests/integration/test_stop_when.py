@@ -22,12 +22,13 @@ def logged(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_run_stops_after_the_first_step_past_the_threshold_and_stays_stopped(tmp_path):
-    full = run(toy_run_config(tmp_path / "full", steps=8))
+@pytest.mark.parametrize("rollout", [{}, {"max_staleness": 1}], ids=["sync", "async"])
+def test_run_stops_after_the_first_step_past_the_threshold_and_stays_stopped(tmp_path, rollout):
+    full = run(toy_run_config(tmp_path / "full", steps=8, rollout=rollout))
     rewards = [r["reward/mean"] for r in logged(full.run_dir) if "reward/mean" in r]
     stop_at = next(i for i in range(1, len(rewards)) if rewards[i] > max(rewards[:i])) + 1  # a first new high
     threshold = max(rewards[:stop_at - 1])
-    cfg = toy_run_config(tmp_path / "stop", steps=8, trainer={"stop_when": [{"metric": "reward/mean",
+    cfg = toy_run_config(tmp_path / "stop", steps=8, rollout=rollout, trainer={"stop_when": [{"metric": "reward/mean",
                                                                              "above": threshold}]})
     result = run(cfg)
     rows = logged(result.run_dir)

@@ -70,3 +70,4 @@ def test_cli_resume_refuses_unsafe_override_and_recipe(tmp_path, capsys):
 class _Result:
     def __init__(self, run):
         self.run_dir, self.train_seconds, self.eval_before, self.eval_after = run, 0.0, {}, {}
+        self.stopped = None

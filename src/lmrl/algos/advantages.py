@@ -54,7 +54,8 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -
     return (values - mean) * torch.rsqrt(var + eps) * mask
 
 
-@ADVANTAGES.register("grpo", "GRPO: (r - group mean) / (group std + eps), broadcast to tokens", group_relative=True)
+@ADVANTAGES.register("grpo", "GRPO: (r - group mean) / (group std + eps), broadcast to tokens", group_relative=True,
+                     group_local=True)
 def grpo(token_rewards, group_index, mask, eps: float = 1e-6, norm_by_std: bool = True, **_):
     scores = token_rewards.sum(dim=1)
     mean, std = group_mean_std(scores, group_index)
@@ -64,12 +65,14 @@ def grpo(token_rewards, group_index, mask, eps: float = 1e-6, norm_by_std: bool 
     return adv.unsqueeze(1) * mask
 
 
-@ADVANTAGES.register("dr_grpo", "Dr.GRPO: r - group mean, no std normalisation", group_relative=True)
+@ADVANTAGES.register("dr_grpo", "Dr.GRPO: r - group mean, no std normalisation", group_relative=True,
+                     group_local=True)
 def dr_grpo(token_rewards, group_index, mask, **_):
     return grpo(token_rewards, group_index, mask, norm_by_std=False)
 
 
-@ADVANTAGES.register("rloo", "RLOO: r_i minus the mean of the other samples of its group", group_relative=True)
+@ADVANTAGES.register("rloo", "RLOO: r_i minus the mean of the other samples of its group", group_relative=True,
+                     group_local=True)
 def rloo(token_rewards, group_index, mask, **_):
     scores = token_rewards.sum(dim=1)
     mean, _ = group_mean_std(scores, group_index)

@@ -1,4 +1,4 @@
-"""What each estimator and loss declares at registration: the inputs it needs and what it guarantees.
+"""What each estimator, loss and loss aggregation declares at registration: the inputs it needs and what it guarantees.
 
 `ADVANTAGES.register("grpo", "...", group_relative=True)` stores an `AdvantageSpec`;
 `ADVANTAGES.spec("grpo")` reads it back. Config checks, the loop's inputs and the learner's shortcuts
@@ -15,12 +15,18 @@ class AdvantageSpec:
     requires: frozenset[str] = frozenset()  # per-sample inputs beyond rewards, groups and masks (docs/methods/inputs.md)
     state: type | None = None  # kept between steps and saved in checkpoints (algos/state.py)
     group_relative: bool = False  # compares the samples of one prompt: needs rollout.group_size >= 2
+    group_local: bool = False  # a group's advantages read its own rows only (no batch statistics): streamable
     critic: bool = False  # reads a value head's values; needs algo.critic=true
     value_targets: Callable[..., Any] | None = None  # the critic's regression targets (critic estimators)
     hidden_layer: int = -1  # which hidden states "hidden" means (index into the decoder's hidden states)
 
     def __post_init__(self):
         object.__setattr__(self, "requires", frozenset(self.requires))
+
+
+@dataclass(frozen=True)
+class AggregationSpec:
+    denominator: str | None = None  # the one `AggScale` field it divides by (streaming divides by it last)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ value-head values, hidden states, exact token entropies) at the generated positi
 head is a `Linear(hidden, 1)` the learner owns when asked for a critic.
 
 Data-parallel training goes through `parallel` (`lmrl.dist`): which rows this process trains on,
-the global denominators, the gradient all-reduce; on one process those hooks do nothing.
+the global denominators, the gradient all-reduce; on one process those hooks do nothing. A batch
+that arrives in parts (streaming) is trained part by part and stepped once (`StreamedUpdate`).
 
 It runs on whatever device the model's parameters are on (docs/devices.md): the value head, the
 reference and the optimiser state follow them; batches stay on the CPU and each micro-batch is
@@ -21,6 +22,7 @@ import math
 
 import torch
 
+from lmrl.algos.aggregation import UNIT_SCALE, AggScale
 from lmrl.algos.inputs import MODEL_OUTPUTS
 from lmrl.algos.losses import LossInputs
 from lmrl.config import TrainerConfig
@@ -225,33 +227,56 @@ class Learner:
             for chunk in _split(order, self.cfg.mini_batches):
                 chunk = [r for r in chunk if mine[r]]  # this process's rows of the mini-batch
                 scale = self.parallel.global_scale(algorithm.scale(algorithm.aggregation_mask(batch.select(chunk))))
-                mini = batch.select([r for r in chunk if not inert[r]])
                 self._zero_grads()
-                finite = True
-                for rows in self.micro_batches(mini) if mini.num_rows else []:
-                    micro = mini.select(rows)
-                    loss, metrics = self._micro_step(micro, algorithm, scale)
-                    if not torch.isfinite(loss):
-                        finite = False
-                        break
-                    loss.backward()
-                    w = float(micro.completion_mask.sum())
-                    for k, v in metrics.items():
-                        totals[k] = totals.get(k, 0.0) + v * w
-                        weights[k] = weights.get(k, 0.0) + w
-                finite = self.parallel.agree(finite)  # a non-finite loss on any process skips the step on all
-                if finite:  # each process's loss is its share of the mini-batch's: the gradients add up
-                    self.parallel.reduce_gradients(self._trainable())
-                norm = self._clip_and_norm(self.model.parameters()) if finite else float("nan")
-                critic_norm = self._clip_and_norm(self.value_head.parameters()) if finite and self.value_head else 0.0
-                if not finite or not math.isfinite(norm) or not math.isfinite(critic_norm):
+                finite = self._backward(batch.select([r for r in chunk if not inert[r]]), algorithm, scale,
+                                        totals, weights)
+                norms = self._step(finite)
+                if norms is None:
                     skipped += 1
-                    self.optimizer.zero_grad(set_to_none=True)
                     continue
-                grad_norms.append(norm)
-                critic_norms.append(critic_norm)
-                self.optimizer_steps += 1  # counted first: weights may change from here on
-                self.optimizer.step()
+                grad_norms.append(norms[0])
+                critic_norms.append(norms[1])
+        return self._finish(step_scheduler, totals, weights, grad_norms, critic_norms, skipped,
+                            float(sum(inert)) / max(batch.num_rows, 1))
+
+    def streamed(self, algorithm, denominator: str) -> "StreamedUpdate":
+        """One update on a batch that arrives in parts (`StreamedUpdate`)."""
+        return StreamedUpdate(self, algorithm, denominator)
+
+    def _backward(self, mini: Batch, algorithm, scale, totals: dict[str, float], weights: dict[str, float]) -> bool:
+        """Forward and backward of `mini`'s micro-batches, adding to the gradients and to the token-weighted
+        metric sums; False (and the rest left out) at a non-finite loss."""
+        for rows in self.micro_batches(mini) if mini.num_rows else []:
+            micro = mini.select(rows)
+            loss, metrics = self._micro_step(micro, algorithm, scale)
+            if not torch.isfinite(loss):
+                return False
+            loss.backward()
+            w = float(micro.completion_mask.sum())
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + v * w
+                weights[k] = weights.get(k, 0.0) + w
+        return True
+
+    def _step(self, finite: bool) -> tuple[float, float] | None:
+        """Sum the gradients over ranks, clip, and take the optimiser step: (grad norm, critic grad norm),
+        or None when it is skipped (a non-finite loss on any process, or a non-finite norm)."""
+        finite = self.parallel.agree(finite)
+        if finite:  # each process's loss is its share of the mini-batch's: the gradients add up
+            self.parallel.reduce_gradients(self._trainable())
+        norm = self._clip_and_norm(self.model.parameters()) if finite else float("nan")
+        critic_norm = self._clip_and_norm(self.value_head.parameters()) if finite and self.value_head else 0.0
+        if not finite or not math.isfinite(norm) or not math.isfinite(critic_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        self.optimizer_steps += 1  # counted first: weights may change from here on
+        self.optimizer.step()
+        return norm, critic_norm
+
+    def _finish(self, step_scheduler: bool, totals: dict[str, float], weights: dict[str, float],
+                grad_norms: list[float], critic_norms: list[float], skipped: int, inert_share: float
+                ) -> dict[str, float]:
+        """Step the schedule and average the update's metrics."""
         if step_scheduler:
             self.scheduler.step()
         totals, weights = self.parallel.reduce_metrics(totals, weights)
@@ -260,7 +285,7 @@ class Learner:
         if self.value_head is not None:
             out["critic/grad_norm"] = sum(critic_norms) / len(critic_norms) if critic_norms else float("nan")
         out["skipped_updates"] = float(skipped)
-        out["inert_rows"] = float(sum(inert)) / max(batch.num_rows, 1)
+        out["inert_rows"] = inert_share
         out["lr"] = self.scheduler.get_last_lr()[0]
         return out
 
@@ -308,6 +333,53 @@ class Learner:
         params = [p for p in parameters if p.grad is not None]
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+
+class StreamedUpdate:
+    """One optimiser step on a prepared batch that arrives in parts (streaming consumption, docs/scaling.md).
+
+    Each part runs its forward and backward passes when it comes, aggregated over unit denominators
+    (`UNIT_SCALE`), so the gradients add up to those of the batch's summed loss terms. `finish` divides
+    them by `denominator`, the `AggScale` field the aggregation declares, of the parts' combined scale
+    (the whole batch's), then clips and steps: the update of `Learner.update` with one mini-batch and
+    one epoch, up to float rounding. One process; the objective must have that one denominator
+    (`loops.streaming` refuses value and demonstration terms, which have their own).
+    """
+
+    def __init__(self, learner: Learner, algorithm, denominator: str):
+        self.learner, self.algorithm, self.denominator = learner, algorithm, denominator
+        self.scales: list[AggScale] = []
+        self.totals: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+        self.rows, self.inert, self.finite = 0, 0, True
+        learner.model.train()
+        learner._zero_grads()
+
+    def add(self, part: Batch) -> None:
+        """Forward and backward of one prepared part of the batch."""
+        learner, algorithm = self.learner, self.algorithm
+        inert = algorithm.inert_rows(part).tolist()
+        if algorithm.needs_old_logp:  # the weights are those of the whole batch's until `finish`
+            part.extras["old_logp"] = learner.logprobs(part)
+        self.scales.append(algorithm.scale(algorithm.aggregation_mask(part)))
+        self.rows += part.num_rows
+        self.inert += sum(inert)
+        if self.finite:
+            live = part.select([r for r in range(part.num_rows) if not inert[r]])
+            self.finite = learner._backward(live, algorithm, UNIT_SCALE, self.totals, self.weights)
+
+    def finish(self) -> dict[str, float]:
+        """Divide by the whole batch's denominator, clip, step; the update's metrics."""
+        learner = self.learner
+        torch.randperm(self.rows, generator=learner.shuffle)  # the shuffle generator advances as in `update`
+        if self.finite:
+            divisor = AggScale.combine(self.scales).divisor(self.denominator) if self.scales else 1.0
+            for p in learner._trainable():
+                if p.grad is not None:
+                    p.grad.div_(divisor)
+        norms = learner._step(self.finite)
+        return learner._finish(True, self.totals, self.weights, [norms[0]] if norms else [],
+                               [norms[1]] if norms else [], int(norms is None), self.inert / max(self.rows, 1))
 
 
 def _adamw_kernel(params: list[torch.Tensor]) -> dict[str, bool]:

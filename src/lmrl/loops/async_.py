@@ -7,6 +7,9 @@ No batch is consumed more than k versions after the policy that produced it (ARe
 is the synchronous loop, step for step. The version is fixed by the step, not "the newest there
 is", so a run reproduces and resumes bit for bit; when generation is the slower phase (as on CPU)
 the newest version is that one anyway. Each sample records its version (`Sample.policy_version`).
+With `rollout.versions: newest` a batch (or chunk) is made from the newest published version at
+least v(j) instead: fresher samples, timing-dependent runs. With `rollout.stream_chunks` > 1 the
+batch is made and queued in chunks and the learner trains on each as it arrives (`loops.streaming`).
 
 Checkpoints: at a checkpoint step the learner lets the producer finish every batch the published
 versions admit (it then waits for the next version) and saves those batches with the producer's
@@ -28,6 +31,8 @@ from lmrl.engines.weight_sync import build_transport
 from lmrl.loops.progress import StepProgress
 from lmrl.loops.run_dir import RunDir
 from lmrl.loops.setup import Stages
+from lmrl.loops.stopping import stop_reason
+from lmrl.loops.streaming import collect_chunk, learn_streamed, plan_step, version_metrics
 from lmrl.loops.sync import (RunResult, _sample_row, collect_groups, evaluate_now, learn, log_inputs_order,
                              resume_state, rollout_metrics, save, step_boundary)
 from lmrl.models.threads import apply_threads
@@ -37,7 +42,7 @@ from lmrl.types import Group
 
 @dataclass
 class Rollout:
-    """One step's batch, as the producer made it."""
+    """One step's batch (or one chunk of it), as the producer made it."""
 
     step: int
     version: int  # the policy version that generated it
@@ -46,17 +51,23 @@ class Rollout:
     metrics: dict[str, float]
     seconds: float
     generated: int
+    chunk: int = 0  # its index among the step's `chunks`
+    chunks: int = 1
+    made_at: float = 0.0  # perf_counter when it was queued
 
 
 class Producer:
-    """Generates the batches of steps `first`..`last` in a thread, each from the version its step admits."""
+    """Generates the batches of steps `first`..`last` in a thread, each from a version its step admits."""
 
     def __init__(self, s: Stages, engine, start: int, staleness: int, transport, queued: dict | None = None):
         self.s, self.engine, self.staleness, self.transport = dataclasses.replace(s, engine=engine), engine, staleness, transport
         queued = queued or {}
         self.next_step, self.last = queued.get("next_step", start + 1), s.cfg.trainer.steps
+        self.chunks, self.newest = s.cfg.rollout.stream_chunks, s.cfg.rollout.versions == "newest"
+        self.chunk, self.plan = 0, None  # the next chunk of `next_step`, and that step's plan
         self.oldest = start  # the first version this process has: a run extended past its steps starts there
-        self.queue: deque[Rollout] = deque(queued.get("queue", []))
+        now = time.perf_counter()  # restored rollouts count as made now
+        self.queue: deque[Rollout] = deque(dataclasses.replace(r, made_at=now) for r in queued.get("queue", []))
         self.parcels: dict = {}
         self.loaded: int | None = None
         self.error: BaseException | None = None
@@ -67,6 +78,14 @@ class Producer:
 
     def version_for(self, step: int) -> int:
         return max(self.oldest, step - 1 - self.staleness)
+
+    def admitted(self) -> int | None:
+        """The version the next chunk is made from: its step's, or under `versions: newest` the newest
+        published one not older; None while it is not published."""
+        floor = self.version_for(self.next_step)
+        if self.newest:
+            return max((v for v in self.parcels if v >= floor), default=None)
+        return floor if floor in self.parcels else None
 
     def publish(self, version: int, model) -> None:
         """Send the learner's weights as `version`; drop parcels no batch to come will use."""
@@ -80,11 +99,11 @@ class Producer:
     def _run(self) -> None:
         try:
             while self.next_step <= self.last:
-                version = self.version_for(self.next_step)
                 with self.changed:
-                    self.changed.wait_for(lambda: version in self.parcels or self.stopping)
+                    self.changed.wait_for(lambda: self.admitted() is not None or self.stopping)
                     if self.stopping:
                         return
+                    version = self.admitted()
                     parcel = self.parcels[version]
                 with self.working:
                     self.queue_rollout(self.make(version, parcel))
@@ -100,15 +119,22 @@ class Producer:
         if self.loaded != version:
             synced = self.engine.update_weights(self.transport.receive(parcel), version)
             self.loaded = version
-        seen, kept, metrics = collect_groups(self.s)
+        if self.chunks == 1:
+            seen, kept, metrics = collect_groups(self.s)
+        else:
+            if self.chunk == 0:
+                self.plan = plan_step(self.s, self.chunks)
+            seen, kept, metrics = collect_chunk(self.s, self.plan, self.chunk)
         metrics.update(synced)
         generated = sum(x.num_generated for g in seen for x in g.samples)
-        return Rollout(self.next_step, version, seen, kept, metrics, time.perf_counter() - t0, generated)
+        return Rollout(self.next_step, version, seen, kept, metrics, time.perf_counter() - t0, generated,
+                       self.chunk, self.chunks)
 
     def queue_rollout(self, rollout: Rollout) -> None:
         with self.changed:
-            self.queue.append(rollout)
-            self.next_step += 1
+            self.queue.append(dataclasses.replace(rollout, made_at=time.perf_counter()))
+            self.chunk = (self.chunk + 1) % self.chunks
+            self.next_step += self.chunk == 0
             self.changed.notify_all()
 
     def take(self, step: int) -> Rollout:
@@ -143,6 +169,9 @@ def run_async_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) ->
     gens = {"rollout": s.generator, "shuffle": s.learner.shuffle}
     result = RunResult(run.path, cfg.trainer.steps)
     start, state = resume_state(s, run, resume, gens, result)
+    if state.get("stopped"):  # a run that `trainer.stop_when` ended stays ended
+        result.steps, result.stopped = start, state["stopped"]
+        return result
     rollout_engine, eval_engine = async_engines(cfg, s.engine, s.model, s.tokenizer)
     producer = Producer(s, rollout_engine, start, cfg.rollout.max_staleness,
                         build_transport(cfg.rollout.weight_transport), state.get("async"))
@@ -159,23 +188,27 @@ def run_async_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) ->
                 rollout = producer.take(step)
                 t1 = time.perf_counter()
                 threads = apply_threads(cfg.trainer.threads)
+                if rollout.chunks == 1:
+                    learned, stream = learn(s, rollout.kept, step), {}
+                else:
+                    rollout, learned, stream = learn_streamed(s, producer, rollout)
                 metrics = {**rollout.metrics, **rollout_metrics(rollout.seen, cfg.reward.accuracy_component)}
-                learned = learn(s, rollout.kept, step)
                 metrics.update(learned if learned is not None else {"skipped_updates": 1.0})
                 producer.publish(step, s.model)
-                t_train = time.perf_counter() - t1
-                result.train_seconds += time.perf_counter() - last_end
-                metrics.update({"async/staleness": float(step - 1 - rollout.version), "async/wait_s": t1 - last_end,
-                                "timing/rollout_s": rollout.seconds, "timing/train_s": t_train,
-                                "timing/step_s": time.perf_counter() - last_end,
+                step_s, waited = time.perf_counter() - last_end, t1 - last_end + stream.get("async/stream_wait_s", 0.0)
+                result.train_seconds += step_s
+                metrics.update({"async/staleness": float(step - 1 - rollout.version), "async/wait_s": waited,
+                                **version_metrics(step, rollout.seen), **stream, "timing/rollout_s": rollout.seconds,
+                                "timing/train_s": step_s - waited, "timing/step_s": step_s,
                                 "tokens_per_s": rollout.generated / rollout.seconds, "timing/threads": float(threads),
                                 **s.data_notes})
-                run.log(step, metrics)
+                stopped = stop_reason(cfg.trainer.stop_when, metrics)
+                run.log(step, {**metrics, **({"stopped": stopped} if stopped else {})})
                 run.log_samples(step, [_sample_row(g, "train") for g in rollout.seen[:2]])
                 run.log_rollouts(step, rollout.seen)
                 progress.update(step, metrics)
                 step_end, paused = time.perf_counter(), 0.0  # evaluating and saving pause the run: not a step's time
-                last = step == cfg.trainer.steps
+                last = step == cfg.trainer.steps or stopped is not None
                 if s.eval_rows and ((cfg.eval.every and step % cfg.eval.every == 0 and not last)
                                     or (last and cfg.eval.at_end)):
                     with producer.working:  # waiting for the batch in the making counts: rollouts go on meanwhile
@@ -188,9 +221,13 @@ def run_async_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) ->
                     queued = producer.settle(step)
                     t_save = time.perf_counter()
                     boundary = step_boundary(s, gens, run)
-                    save(s, run, step, result, {**boundary, "async": {"queue": queued, "next_step": producer.next_step}})
+                    save(s, run, step, result, {**boundary, "stopped": stopped,
+                                                "async": {"queue": queued, "next_step": producer.next_step}})
                     paused += time.perf_counter() - t_save
                 last_end = step_end + paused
+                if stopped:
+                    result.steps, result.stopped = step, stopped
+                    break
     finally:
         producer.stop()
     return result
