@@ -9,7 +9,9 @@ thread, one for the learner, in one process), `async1_ray`/`async2_ray` with the
 actor process (one core) and the learner in another (one core). Reported: samples/s and step time over the training wall clock
 (evaluations excluded; the first step, with its warm-up, too), the staleness seen, and the held-out
 greedy accuracy at each evaluation with the training minutes spent to reach it. The phase timings go
-to --json for `benchmarks/async_projection.py`.
+to --json for `benchmarks/async_projection.py`. Opt-in modes `async1_stream4` (the learner trains each
+of 4 chunks as it arrives) and `async1_stream4_newest` (and each chunk takes the newest admitted
+version) measure streaming consumption (`--modes sync,async1,async1_stream4,async1_stream4_newest`).
 """
 from __future__ import annotations
 
@@ -28,7 +30,11 @@ MODES = {"sync": ["trainer.threads=2"],
          "async1": ["trainer.threads=1", "rollout.max_staleness=1"],
          "async2": ["trainer.threads=1", "rollout.max_staleness=2"],
          "async1_ray": ["trainer.threads=1", "rollout.max_staleness=1", *RAY_WORKER],
-         "async2_ray": ["trainer.threads=1", "rollout.max_staleness=2", *RAY_WORKER]}
+         "async2_ray": ["trainer.threads=1", "rollout.max_staleness=2", *RAY_WORKER],
+         # streaming consumption (4 chunks) and multi-version batches: opt-in modes (--modes)
+         "async1_stream4": ["trainer.threads=1", "rollout.max_staleness=1", "rollout.stream_chunks=4"],
+         "async1_stream4_newest": ["trainer.threads=1", "rollout.max_staleness=1", "rollout.stream_chunks=4",
+                                   "rollout.versions=newest"]}
 
 
 def child(mode: str, steps: int, eval_every: int, num_eval: int, workdir: Path) -> dict:
