@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lmrl.config import RECIPES_DIR, Config, ConfigError, config_to_yaml, load_config, load_run_config
+from lmrl.config import Config, ConfigError, config_to_yaml, load_config, load_run_config
+from lmrl.recipe_files import RECIPES_DIR
 from lmrl.presets import PRESETS
 
 console = Console(stderr=True)

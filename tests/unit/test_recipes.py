@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmrl.config import RECIPES_DIR, ConfigError, load_config, merge_trees, read_recipe, read_yaml, recipe_path
+from lmrl.config import ConfigError, load_config
+from lmrl.recipe_files import RECIPES_DIR, merge_trees, read_recipe, read_yaml, recipe_path
 from lmrl.validation import check_names
 
 SHIPPED = sorted(p.stem for p in Path(RECIPES_DIR).glob("*.yaml"))
