@@ -174,11 +174,11 @@ def test_code_interpreter_runs_blocks_shows_output_and_ends_on_a_plain_reply():
     assert step.info["metrics"] == {"env/code_runs": 3.0, "env/code_errors": 2.0}
 
 
-def test_format_credit_is_paid_with_the_answer_so_calling_forever_earns_nothing():
+def test_format_credit_is_paid_once_with_the_answer_so_calling_more_earns_nothing():
     from lmrl.envs.code_interpreter import CodeInterpreterEnv
 
     env = CodeInterpreterEnv(timeout_s=2.0)
     _, state = env.reset({"question": "q"}, 0)
     rewards = [env.step("```python\nprint(1)\n```", state).reward for _ in range(3)]
     assert rewards == [0.0, 0.0, 0.0]  # cut off here (max_turns), the episode's return is 0
-    assert env.step("Answer: 1", state).reward == pytest.approx(0.3)  # answered: 3 clean turns paid
+    assert env.step("Answer: 1", state).reward == pytest.approx(0.1)  # answered: paid once, however many turns

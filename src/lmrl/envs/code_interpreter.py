@@ -5,8 +5,9 @@ block in a reply is run in lmrl's sandbox (`rewards.sandbox`: separate process, 
 limits, no network) and its output (or error) comes back as the next user message, `Output:\n…`.
 A reply without a code block is the final answer and ends the episode; the task's answer reward
 grades it. Format reward (`tools.format_credit`): −`format_reward` at once for a turn whose code
-failed, +`format_reward` per clean turn paid with the final answer (paid per turn, it taught a
-policy to run code until the episode was cut off, never answering). Small models that never emit `<tool_call>` JSON (SmolLM2-135M) often
+failed, +`format_reward` once for an episode with a clean turn, paid with the final answer (paid per
+turn, it taught a policy to run code until the episode was cut off, never answering; per clean turn,
+to run its code twice). Small models that never emit `<tool_call>` JSON (SmolLM2-135M) often
 write code blocks unprompted, which is why this convention exists beside `tool_use`.
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ episode; its text after the last 'Answer:' is graded against the row's gold answ
 normalisation (lowercase, no punctuation or articles): exact match pays 1 (or the token F1 with
 `answer_reward="f1"`). Search turns earn the `tool_use` format reward (`tools.format_credit`):
 −`format_reward` at once for a turn with a malformed call (which gets an error observation),
-+`format_reward` per well-formed turn paid with the final answer, so an episode cut off before it
++`format_reward` once for an episode with a well-formed turn, paid with the final answer, so an episode cut off before it
 answers keeps only the penalties.
 
 The shipped corpus, `fictional_atlas`, describes invented countries, cities, rivers, people and

@@ -9,9 +9,9 @@ call is a JSON object in tags, any number per turn:
 Each call is answered by one `tool` message holding its result (or an error). A reply without a
 `<tool_call>` tag is the final answer and ends the episode; the task's answer reward grades it
 (`Sample.info["text"]` is the last reply). The environment's reward is an R2IF-style format reward
-(`format_credit`): −`format_reward` at once for a turn with a malformed call, +`format_reward` for
-each turn whose calls are all well-formed (valid JSON, a known tool, the arguments it declares),
-paid with the final answer. A tool call that exceeds `tool_timeout_s` is
+(`format_credit`): −`format_reward` at once for a turn with a malformed call, +`format_reward` once
+for an episode with a turn whose calls are all well-formed (valid JSON, a known tool, the arguments
+it declares), paid with the final answer. A tool call that exceeds `tool_timeout_s` is
 answered with an error message (the episode goes on).
 """
 from __future__ import annotations
@@ -113,12 +113,13 @@ def parse_call(text: str, tools: list[str],
 
 
 def format_credit(state: dict[str, Any], well_formed: bool, weight: float) -> float:
-    """This turn's format reward: −`weight` now for a malformed turn; a well-formed one adds `weight` to
-    `state["credit"]`, paid with the final answer. A credit paid per turn would pay a policy for
-    calling tools until the episode is cut off and never answering (seen in training); deferred, an
-    episode that never answers keeps only its penalties."""
+    """This turn's format reward: −`weight` now for a malformed turn; a well-formed one sets the episode's
+    credit `state["credit"]` to `weight`, paid once with the final answer. Both choices close exploits
+    seen in training: a credit paid per turn paid a policy for calling tools until the episode was cut
+    off, never answering; a credit per well-formed turn, even deferred, paid it for running the same
+    code twice before answering."""
     if well_formed:
-        state["credit"] += weight
+        state["credit"] = weight
         return 0.0
     return -weight
 
