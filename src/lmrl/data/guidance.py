@@ -25,6 +25,7 @@ from lmrl.data.demonstrations import SAMPLE_SOURCES, Generate, source_params, te
 from lmrl.envs import encode_prompt
 from lmrl.types import Group, Origin, Sample
 
+EXAMPLE_ROLES = ("user", "assistant", "tool")  # a worked exchange's messages (tool: a tool's result)
 HINT_TEMPLATE = "## Hint\n{hints}"
 CRITERIA_TEMPLATE = "Make sure your reply meets these criteria:\n{criteria}"
 
@@ -165,8 +166,9 @@ class GuidedReplayParams:
         if not self.guidance and not self.examples:
             raise ValueError("guided_replay needs guidance text or examples (or both)")
         for m in self.examples or []:
-            if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or not isinstance(m.get("content"), str):
-                raise ValueError(f"examples: each message needs role user|assistant and a content string (got {m!r})")
+            if not isinstance(m, dict) or m.get("role") not in EXAMPLE_ROLES or not isinstance(m.get("content"), str):
+                raise ValueError(f"examples: each message needs a role ({'|'.join(EXAMPLE_ROLES)}) and a content "
+                                 f"string (got {m!r})")
 
 
 def worst_first(samples: list[Sample]) -> list[int]:
