@@ -153,3 +153,8 @@ def test_guided_replay_needs_guidance_or_examples(tmp_path):
 
     with pytest.raises(ConfigError, match="guidance text or examples"):
         toy_run_config(tmp_path, 1, data={"demonstrations": "guided_replay", "source_params": {"guidance": ""}})
+    with pytest.raises(ConfigError, match="needs a role"):
+        toy_run_config(tmp_path, 1, data={"demonstrations": "guided_replay",
+                                          "source_params": {"examples": [{"role": "system", "content": "x"}]}})
+    toy_run_config(tmp_path, 1, data={"demonstrations": "guided_replay",  # a tool's result is a message too
+                                      "source_params": {"examples": [{"role": "tool", "content": "408"}]}})
