@@ -28,13 +28,14 @@ def group(r: dict, texts: list[str]) -> Group:
 
 
 class FakeEngine:
-    """`generate(rows, n)`: the given texts as rollouts of each row, recording what it was asked."""
+    """`generate(rows, n, temperature)`: the given texts as rollouts of each row, recording what it was asked."""
 
     def __init__(self, tok, texts: list[str]):
-        self.tok, self.texts, self.calls = tok, texts, []
+        self.tok, self.texts, self.calls, self.temperatures = tok, texts, [], []
 
-    def __call__(self, rows: list[dict], n: int) -> list[Group]:
+    def __call__(self, rows: list[dict], n: int, temperature: float | None = None) -> list[Group]:
         self.calls.append((rows, n))
+        self.temperatures.append(temperature)
         out = []
         for r in rows:
             ids = [self.tok(t, add_special_tokens=False)["input_ids"] for t in self.texts[:n]]
@@ -119,6 +120,13 @@ def test_guided_replay_replaces_the_worst_members_of_a_failed_group():
                for x in guided)
     assert guided[0].info["guided_prompt"] == rows[0]["question"]
     assert metrics == {"guided/groups": 1.0, "guided/replaced": 2.0, "guided/reward": 0.5}
+    assert engine.temperatures == [None]  # the run's sampling temperature
+
+    cfg, add = built({"data": {"demonstrations": "guided_replay",
+                               "source_params": {"tau": 0.25, "count": 2, "temperature": 0.3}}}, groups)
+    engine = FakeEngine(tok, ["Answer: 7", "Answer: 5"])
+    add(groups, engine)
+    assert engine.temperatures == [0.3]  # guided rollouts at their own temperature
 
 
 def test_guided_rows_enter_the_advantage_and_bring_no_logprobs():

@@ -23,8 +23,8 @@ sample. The sources registered in `SAMPLE_SOURCES`:
 Demonstrations are scored alone, so the run's reward must be per sample (no group components, and
 a per-sample aggregation); the config check says so.
 
-A source is called as `source(groups, generate)`: `generate(rows, n)` rolls out `n` completions of
-each row with the run's engine (unscored groups), for the sources that sample guided or hinted
+A source is called as `source(groups, generate)`: `generate(rows, n, temperature=None)` rolls out
+`n` completions of each row with the run's engine (unscored groups; at the run's temperature unless given), for the sources that sample guided or hinted
 prompts (`lmrl.data.guidance`). Each registration declares a `SourceSpec`, which the config checks
 read. A source object with `state_dict` / `load_state_dict` keeps state between steps.
 
@@ -57,7 +57,7 @@ class SourceSpec:
 # A source is built from (cfg, tokenizer, scorer) and maps the kept groups to (groups, metrics).
 SAMPLE_SOURCES: Registry = Registry("sample source", declares=SourceSpec)
 
-Generate = Callable[[list[dict], int], list[Group]]  # (rows, n) -> one unscored group of n rollouts per row
+Generate = Callable[..., list[Group]]  # (rows, n, temperature=None) -> one unscored group of n rollouts per row
 Source = Callable[..., tuple[list[Group], dict[str, float]]]  # (groups, generate=None) -> (groups, metrics)
 MakeSamples = Callable[[dict], list[Sample]]
 

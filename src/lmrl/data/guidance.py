@@ -158,6 +158,7 @@ class GuidedReplayParams:
     count: int = 2  # guided rollouts per such group, each replacing one of its worst members
     guidance: str = "The correct answer is {answer}."  # appended to the prompt; a template over the row ("": none)
     examples: list[dict] | None = None  # chat messages of a worked exchange shown before the question
+    temperature: float | None = None  # the guided rollouts' sampling temperature (None: the run's)
 
     def row_fields(self) -> set[str]:
         return template_fields(self.guidance)
@@ -165,6 +166,8 @@ class GuidedReplayParams:
     def check(self, cfg) -> None:
         if not self.guidance and not self.examples:
             raise ValueError("guided_replay needs guidance text or examples (or both)")
+        if self.temperature is not None and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (got {self.temperature})")
         for m in self.examples or []:
             if not isinstance(m, dict) or m.get("role") not in EXAMPLE_ROLES or not isinstance(m.get("content"), str):
                 raise ValueError(f"examples: each message needs a role ({'|'.join(EXAMPLE_ROLES)}) and a content "
@@ -193,7 +196,7 @@ class GuidedReplay:
         rows = [extended_row(groups[i].row, p.guidance.format(**groups[i].row), self.tokenizer,
                              self.cfg.task.system_prompt, "guided", p.examples) for i in hard]
         out, guided_rewards = list(groups), []
-        for i, rollouts in zip(hard, generate(rows, p.count) if rows else []):
+        for i, rollouts in zip(hard, generate(rows, p.count, p.temperature) if rows else []):
             guided = scored_replays(groups[i], rollouts, Origin.GUIDED, self.scorer)
             samples = list(groups[i].samples)
             for slot, sample in zip(worst_first(samples), guided):

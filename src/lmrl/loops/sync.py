@@ -7,7 +7,7 @@ from a registry through `Stages`, and every per-sample input from the providers 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from statistics import mean
@@ -73,9 +73,11 @@ def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float
     return seen, chosen, metrics
 
 
-def source_rollout(s: Stages, rows: list[dict], n: int) -> list[Group]:
-    """`n` rollouts of each of `rows` with the run's engine: the sample source's own prompts (unscored)."""
-    return rollout(s.engine, s.tokenizer, rows, n, s.params, s.generator, s.cfg.env)
+def source_rollout(s: Stages, rows: list[dict], n: int, temperature: float | None = None) -> list[Group]:
+    """`n` rollouts of each of `rows` with the run's engine: the sample source's own prompts (unscored),
+    sampled at the run's temperature unless the source asks for another."""
+    params = s.params if temperature is None else replace(s.params, temperature=temperature)
+    return rollout(s.engine, s.tokenizer, rows, n, params, s.generator, s.cfg.env)
 
 
 def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, float]:
