@@ -23,11 +23,10 @@ import torch
 
 from lmrl.algos import AGGREGATIONS
 from lmrl.engines.workers import chunk_seeds, split_evenly
-from lmrl.envs import expand_prompts, pooled, prompt_families, rollout
 from lmrl.loops.batching import to_batch
 from lmrl.loops.providers import provide
 from lmrl.loops.setup import Stages
-from lmrl.loops.sync import batch_inputs
+from lmrl.loops.sync import batch_inputs, roll_out_and_score
 from lmrl.types import Group
 
 if TYPE_CHECKING:
@@ -51,12 +50,10 @@ def plan_step(s: Stages, chunks: int) -> StepPlan:
 def collect_chunk(s: Stages, plan: StepPlan, chunk: int) -> tuple[list[Group], list[Group], dict[str, float]]:
     """Roll out and score chunk `chunk` of `plan`: (groups, kept groups, metrics), as `sync.collect_groups`
     with no group filter or sample source. The sampler observes the step's groups after its last chunk."""
-    rows = plan.rows[chunk]
-    groups = rollout(s.engine, s.tokenizer, expand_prompts(rows), s.cfg.rollout.group_size, s.params,
-                     torch.Generator().manual_seed(plan.seeds[chunk]), s.cfg.env)
-    metrics = s.scorer.score(groups)
+    generator = torch.Generator().manual_seed(plan.seeds[chunk])
+    groups, families, metrics = roll_out_and_score(s, plan.rows[chunk], generator)
     plan.seen += groups
-    kept = [g for f in prompt_families(rows, groups) if s.keep_group(pooled(f)) for g in f]
+    kept = [g for f in families for g in f]
     if chunk == len(plan.rows) - 1:
         s.sampler.observe(plan.seen)
         metrics.update({"data/gen_batches": 1.0, "data/kept_groups": float(sum(map(len, plan.rows)))})

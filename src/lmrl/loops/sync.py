@@ -43,6 +43,15 @@ class RunResult:
     stopped: str | None = None  # why `trainer.stop_when` ended the run before `trainer.steps`
 
 
+def roll_out_and_score(s: Stages, rows: list[dict], generator) -> tuple[list[Group], list[list[Group]], dict[str, float]]:
+    """Roll `rows` out (with their prompt variants) and score them: the groups, the prompt families the
+    group filter keeps (judged on their pooled samples), and the scorer's metrics."""
+    groups = rollout(s.engine, s.tokenizer, expand_prompts(rows), s.cfg.rollout.group_size, s.params, generator,
+                     s.cfg.env)
+    metrics = s.scorer.score(groups)
+    return groups, [f for f in prompt_families(rows, groups) if s.keep_group(pooled(f))], metrics
+
+
 def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float]]:
     """Roll out until enough prompts pass the group filter (or the generation budget runs out), then
     add the samples of the run's sample source to the kept groups.
@@ -51,19 +60,18 @@ def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float
     prompt may bring several groups (`envs.expand_prompts`); the filter judges and keeps or drops a
     prompt's groups together, on their pooled samples.
     """
-    prompts, n = s.cfg.rollout.prompts_per_step, s.cfg.rollout.group_size
+    prompts = s.cfg.rollout.prompts_per_step
     kept: list[list[Group]] = []
     seen: list[Group] = []
     metrics: dict[str, float] = {}
     batches = 0
     while len(kept) < prompts and (s.cfg.data.max_gen_batches == 0 or batches < s.cfg.data.max_gen_batches):
-        rows = s.sampler.next_prompts(prompts)
-        groups = rollout(s.engine, s.tokenizer, expand_prompts(rows), n, s.params, s.generator, s.cfg.env)
-        for k, v in s.scorer.score(groups).items():
+        groups, families, scored = roll_out_and_score(s, s.sampler.next_prompts(prompts), s.generator)
+        for k, v in scored.items():
             metrics[k] = metrics.get(k, 0.0) + v
         s.sampler.observe(groups)
         seen += groups
-        kept += [f for f in prompt_families(rows, groups) if s.keep_group(pooled(f))]
+        kept += families
         batches += 1
     metrics = {k: v / batches for k, v in metrics.items()}
     metrics.update(sampler_metrics(s.sampler))
