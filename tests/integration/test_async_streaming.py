@@ -59,6 +59,7 @@ def test_streaming_gives_the_whole_batch_update(tmp_path, preset):
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=2e-2 * LR, msg=k)
     assert {"async/stream_overlap_s", "async/stream_lead_s", "async/stream_wait_s"} <= streamed_log[0].keys()
+    assert "sampler/epoch" in streamed_log[0]  # the sampler reports once per step, as in the other loops
 
 
 @pytest.mark.parametrize("overrides, reason", [

@@ -26,6 +26,7 @@ from lmrl.engines.workers import chunk_seeds, split_evenly
 from lmrl.loops.batching import to_batch
 from lmrl.loops.providers import provide
 from lmrl.loops.setup import Stages
+from lmrl.data.samplers import sampler_metrics
 from lmrl.loops.sync import batch_inputs, roll_out_and_score
 from lmrl.types import Group
 
@@ -56,6 +57,7 @@ def collect_chunk(s: Stages, plan: StepPlan, chunk: int) -> tuple[list[Group], l
     kept = [g for f in families for g in f]
     if chunk == len(plan.rows) - 1:
         s.sampler.observe(plan.seen)
+        metrics.update(sampler_metrics(s.sampler))
         metrics.update({"data/gen_batches": 1.0, "data/kept_groups": float(sum(map(len, plan.rows)))})
     return groups, kept, metrics
 
