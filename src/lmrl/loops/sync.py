@@ -45,7 +45,7 @@ class RunResult:
 
 def roll_out_and_score(s: Stages, rows: list[dict], generator
                        ) -> tuple[list[Group], list[list[Group]], dict[str, float]]:
-    """Roll `rows` out (with their prompt variants) and score them: the groups, the prompt families the
+    """Roll `rows` out (as `envs.expand_prompts` expands them) and score them: the groups, the prompt families the
     group filter keeps (judged on their pooled samples), and the scorer's metrics."""
     groups = rollout(s.engine, s.tokenizer, expand_prompts(rows), s.cfg.rollout.group_size, s.params, generator,
                      s.cfg.env)
