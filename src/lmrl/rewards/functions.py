@@ -282,7 +282,7 @@ def _math_verify(predicted: str, gold: str) -> bool:
 
 
 @REWARD_FNS.register("answer", "1 if the reply's final answer matches the gold (number literal, math-verify, text)")
-def answer_reward(sample: Sample, pattern: str | None = None, fallback: str = "none", **_) -> float:
+def answer_reward(sample: Sample, pattern: str | None = None, fallback: str = "none") -> float:
     """`fallback="last_number"` grades the final number of a reply that has no 'Answer:' marker.
 
     What counts as a final answer: docs/rewards/builtin.md."""
@@ -293,23 +293,23 @@ def answer_reward(sample: Sample, pattern: str | None = None, fallback: str = "n
 
 
 @REWARD_FNS.register("format", "1 if the completion ends with an 'Answer: ...' line")
-def format_reward(sample: Sample, pattern: str = r"answer\s*:\s*\S+[^\n]*\s*$", **_) -> float:
+def format_reward(sample: Sample, pattern: str = r"answer\s*:\s*\S+[^\n]*\s*$") -> float:
     return float(re.search(pattern, sample.info["text"].strip(), re.IGNORECASE) is not None)
 
 
 @REWARD_FNS.register("length", "-(generated tokens / target), a pressure toward short completions")
-def length_reward(sample: Sample, target: int = 256, **_) -> float:
+def length_reward(sample: Sample, target: int = 256) -> float:
     return -sample.num_generated / max(target, 1)
 
 
 @REWARD_FNS.register("truncated", "-1 if the completion hit the token limit without stopping")
-def truncation_reward(sample: Sample, **_) -> float:
+def truncation_reward(sample: Sample) -> float:
     return -1.0 if sample.finish_reason == "length" else 0.0
 
 
 @REWARD_FNS.register("reasoning_gym", "the reasoning-gym generator's own scorer on the reply's final answer")
 def reasoning_gym_reward(sample: Sample, pattern: str | None = None, fallback: str = "none",
-                         partial_credit: bool = False, **_) -> float:
+                         partial_credit: bool = False) -> float:
     """The dataset's scorer on `final_answer` (same extraction as the `answer` reward).
 
     Where the dataset's answer is a number, the final answer must be a number literal (`parse_number`);
