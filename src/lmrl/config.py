@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_serializer,
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_serializer,
                       field_validator, model_validator)
 
 from lmrl.errors import ConfigError
@@ -136,15 +136,6 @@ class DataConfig(Section):
     demonstrations: Literal["none", "group", "rescue", "peers", "hints", "guided_replay", "privileged",
                             "replay"] = "none"
     source_params: dict[str, Any] = Field(default_factory=dict)  # knobs of hints | guided_replay | privileged | replay
-
-    @field_validator("sampler_params")
-    @classmethod
-    def _known_knobs(cls, params: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        if params:
-            from lmrl.data.samplers import check_sampler_params  # the registry imports torch
-
-            check_sampler_params(info.data.get("sampler", "uniform"), params)
-        return params
 
 
 class DistillConfig(Section):

@@ -11,6 +11,11 @@ a registry's decorator), that registration decides where it belongs; an undecora
 by the registry that asked for it (`reward.components=[{name: my_rewards.py:short_and_right}]`,
 `task.name=my_tasks.py:load`, `data.sampler=my_samplers.py:Curriculum`). Relative paths start at
 the current directory; the file's own directory is put on `sys.path` so it can import its siblings.
+
+`check_knobs` binds an entry's knobs (a reward's `params`, `data.sampler_params`, `algo.loss_params`…)
+to its signature as its caller will call it, so a misspelt knob fails at config time with the nearest
+valid name instead of raising on every call at run time. A catch-all named `**_` takes the arguments
+a caller hands to every entry and ignores them: a knob only it would take is unknown.
 """
 from __future__ import annotations
 
@@ -18,10 +23,11 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import sys
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, Collection, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -30,6 +36,10 @@ _ALL: list["Registry"] = []
 
 class UserCodeError(ValueError):
     """User code named in the config (`file.py:attr`) that cannot be imported or lacks the name."""
+
+
+class KnobError(ValueError):
+    """Knobs that do not bind to a component's signature: unknown, passed by the caller, or missing."""
 
 
 def is_user_code(name: object) -> bool:
@@ -77,6 +87,39 @@ def load_user_object(spec: str) -> object:
         hint = f"did you mean {', '.join(near)}?" if near else f"it defines: {', '.join(defined) or 'nothing'}"
         raise UserCodeError(f"{spec}: {target} has no {attr!r}; {hint}")
     return getattr(module, attr)
+
+
+_NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def check_knobs(target: Callable, knobs: dict[str, Any], owner: str, passed: int = 0, supplied: Collection[str] = (),
+                consumed: Collection[str] = (), complete: bool = True) -> None:
+    """Bind `knobs` to `target`'s signature as its caller calls it, or raise KnobError naming `owner`.
+
+    The caller passes `passed` positional arguments first and the keywords `supplied` itself; `consumed`
+    are knobs read by someone else (a method's state, an input lookup). `complete`: a parameter without
+    a default that neither the caller nor the knobs fill is reported missing.
+    """
+    try:
+        params = list(inspect.signature(target).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (a builtin): it takes no knobs we can name
+        params = []
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:passed]
+    rest = [p for p in params if p not in positional]
+    takes_any = any(p.kind is p.VAR_KEYWORD and p.name != "_" for p in rest)
+    taken_by_caller = {p.name for p in positional} | set(supplied)
+    valid = [p.name for p in rest if p.kind in _NAMED and p.name not in taken_by_caller] + sorted(consumed)
+    for key in knobs:
+        if key in taken_by_caller:
+            raise KnobError(f"{key!r} is passed by the run, not a param of {owner}")
+        if key not in valid and not takes_any:
+            near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise KnobError(f"unknown param {key!r} of {owner}{hint} (its params: {', '.join(valid) or 'none'})")
+    missing = [p.name for p in rest if p.kind in _NAMED and p.default is p.empty
+               and p.name not in knobs and p.name not in taken_by_caller]
+    if complete and missing:
+        raise KnobError(f"{owner} needs the param(s) {', '.join(map(repr, missing))}, which are not set")
 
 
 class Registry(Generic[T]):
@@ -165,6 +208,10 @@ class Registry(Generic[T]):
         near = difflib.get_close_matches(name, list(self._items), n=3)
         hint = f"; did you mean {', '.join(repr(n) for n in near)}?" if near else ""
         return f"unknown {self.kind} {name!r}{hint} (registered: {', '.join(sorted(self._items))})"
+
+    def check_knobs(self, name: str, knobs: dict[str, Any], passed: int = 0, **binding: Any) -> None:
+        """`check_knobs` for entry `name` (a registered class is bound through its constructor)."""
+        check_knobs(self.get(name), knobs, f"{self.kind} {name!r}", passed, **binding)
 
     def describe(self, name: str) -> str:
         return self._docs[name]

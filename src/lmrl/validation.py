@@ -15,15 +15,18 @@ from typing import Any, Callable
 from lmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from lmrl.algos.inputs import ALIASES, INPUT_KNOBS, ROW_FIELD_INPUTS
 from lmrl.algos.teacher import DISTILL_INPUTS, TEACHER_CONTEXTS
+from lmrl.algos.state import state_knobs
 from lmrl.config import Config, ConfigError
 from lmrl.data import GROUP_FILTERS, SAMPLERS
+from lmrl.data.samplers import RUN_ARGUMENTS
 from lmrl.data.demonstrations import SAMPLE_SOURCES, source_params, template_fields
 from lmrl.engines import ENGINES
 from lmrl.engines.weight_sync import WEIGHT_TRANSPORTS
-from lmrl.envs import TASKS
+from lmrl.envs import ENVIRONMENTS, TASKS
 from lmrl.eval.trackers import check_trackers
 from lmrl.learners.pmi import pmi_field
 from lmrl.presets import PRESETS
+from lmrl.registry import KnobError, check_knobs
 from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
 
 # Reward aggregations that score each sample on its own (a demonstration is scored alone).
@@ -243,26 +246,45 @@ def _inputs(cfg: Config) -> None:
                           "fills")
 
 
-def _unknown_knobs(fn: Callable, spec: Any, given: dict) -> list[str]:
-    """Knobs a function would silently ignore: its catch-all is named `_` and it has no such parameter."""
-    params = inspect.signature(fn).parameters
-    catch_all = [p for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
-    if catch_all and catch_all[0].name != "_":
-        return []
-    state_knobs = getattr(spec.state, "knobs", ())
-    return sorted(k for k in given if k not in params and k not in INPUT_KNOBS and k not in state_knobs)
+def _knob_sites(cfg: Config) -> list[tuple[str, Any, str, dict, dict]]:
+    """(config key, registry, entry name, knobs, how the caller binds them) for every component that takes params."""
+    a, r, d = cfg.algo, cfg.reward, cfg.algo.distill
+    sites = []
+    for i, c in enumerate(r.components):
+        registry = GROUP_REWARD_FNS if c.name in GROUP_REWARD_FNS else REWARD_FNS
+        built = inspect.isclass(registry.get(c.name))  # a stateful component is built from its params alone
+        sites.append((f"reward.components[{i}].params", registry, c.name, c.params, {"passed": 0 if built else 1}))
+    sites += [
+        ("reward.aggregation_params", REWARD_AGGREGATIONS, r.aggregation, r.aggregation_params, {"passed": 2}),
+        ("data.sampler_params", SAMPLERS, cfg.data.sampler, cfg.data.sampler_params,
+         {"passed": 1, "supplied": RUN_ARGUMENTS[1:]}),
+        ("algo.loss_params", LOSSES, a.loss, a.loss_params,
+         {"passed": 1, "supplied": ("eps_low", "eps_high", "dual_clip"), "complete": False,
+          "consumed": state_knobs(LOSSES.spec(a.loss))}),
+        ("algo.advantage_params", ADVANTAGES, a.advantage, a.advantage_params,
+         {"passed": 3, "complete": False, "consumed": INPUT_KNOBS | set(state_knobs(ADVANTAGES.spec(a.advantage)))}),
+    ]
+    if d.coef > 0 or d.params:
+        sites.append(("algo.distill.params", TEACHER_CONTEXTS, d.context, d.params, {}))
+    if cfg.env.name:  # a registered instance takes no params: any given is unknown
+        sites.append(("env.params", ENVIRONMENTS, cfg.env.name, cfg.env.params, {}))
+    return sites
 
 
-def _knobs(cfg: Config) -> None:
-    """A misspelt or misplaced knob would be ignored silently; refuse it, naming the method."""
-    a = cfg.algo
-    unknown = _unknown_knobs(LOSSES.get(a.loss), LOSSES.spec(a.loss), a.loss_params)
-    if unknown:
-        raise ConfigError(f"algo.loss_params: {unknown} are not knobs of algo.loss={a.loss} (they would be ignored; "
-                          f"e.g. token-level mask knobs do not apply to a sequence-ratio loss)")
-    unknown = _unknown_knobs(ADVANTAGES.get(a.advantage), ADVANTAGES.spec(a.advantage), a.advantage_params)
-    if unknown:
-        raise ConfigError(f"algo.advantage_params: {unknown} are not knobs of algo.advantage={a.advantage}")
+def _params(cfg: Config) -> None:
+    """Every component's params bind to its signature as the run calls it: a misspelt knob fails here,
+    naming the nearest valid one, not on every sample at run time (registry.check_knobs)."""
+    for key, registry, name, knobs, binding in _knob_sites(cfg):
+        try:
+            registry.check_knobs(name, knobs, **binding)
+        except KnobError as err:
+            raise ConfigError(f"{key}: {err}") from None
+    record = SAMPLE_SOURCES.spec(cfg.data.demonstrations).params
+    if record is not None:
+        try:
+            check_knobs(record, cfg.data.source_params, f"data.demonstrations={cfg.data.demonstrations}")
+        except KnobError as err:
+            raise ConfigError(f"data.source_params: {err}") from None
 
 
 def _rejected_tokens(cfg: Config) -> None:
@@ -359,11 +381,11 @@ def _streaming(cfg: Config) -> None:
 
 CONFIG_STAGES = ("names", "combinations")  # need no data: build_config runs them
 PIPELINE: list[tuple[str, Callable[..., None]]] = [
-    ("names", _registered), ("names", _reward_names), ("names", _trackers),
+    ("names", _registered), ("names", _params), ("names", _reward_names), ("names", _trackers),
     ("combinations", _env_reward), ("combinations", _rollout_workers), ("combinations", _preset_clip_bounds), ("combinations", _preset_aggregation), ("combinations", _sequence_ratio),
     ("combinations", _kl_in_reward), ("combinations", _groups), ("combinations", _overlong),
     ("combinations", _peers), ("combinations", _demonstrations), ("combinations", _sample_source),
-    ("combinations", _critic), ("combinations", _inputs), ("combinations", _knobs), ("combinations", _rejected_tokens),
+    ("combinations", _critic), ("combinations", _inputs), ("combinations", _rejected_tokens),
     ("combinations", _streaming),
     ("data", _demonstration_rows), ("data", _source_rows), ("data", _method_rows),
 ]

@@ -209,11 +209,12 @@ def test_observing_excluded_samples_changes_nothing(name):
 
 
 def test_sampler_params_unknown_knobs_and_bad_values_fail_clearly():
-    with pytest.raises(ConfigError, match="sampler 'hive' has no knob 'bnad'; did you mean 'band'"):
+    with pytest.raises(ConfigError, match="data.sampler_params: unknown param 'bnad' of sampler 'hive'; "
+                                          "did you mean 'band'"):
         build_config({"data": {"sampler": "hive", "sampler_params": {"bnad": [0.1, 0.9]}}})
-    with pytest.raises(ConfigError, match="seed is set by the run"):
+    with pytest.raises(ConfigError, match="'seed' is passed by the run, not a param of sampler 'heapa'"):
         build_config({"data": {"sampler": "heapa", "sampler_params": {"seed": 3}}})
-    with pytest.raises(ConfigError, match="its knobs: none"):
+    with pytest.raises(ConfigError, match=r"unknown param 'band' of sampler 'uniform' \(its params: none\)"):
         build_config({"data": {"sampler_params": {"band": [0.1, 0.9]}}})
     cfg = build_config({"data": {"sampler": "hive", "sampler_params": {"band": [0.9, 0.1]}}})
     from lmrl.data import build_sampler

@@ -134,7 +134,8 @@ def test_declared_inputs_must_be_provided_and_state_knobs_are_knobs(declare):
     build_config({"algo": {"advantage": "fake_components"},
                   "reward": {"components": [{"name": "answer"}, {"name": "format"}]}})
     build_config({"algo": {"loss": "fake_stateful", "loss_params": {"fake_window": 3}}})
-    with pytest.raises(ConfigError, match=r"\['fake_windw'\] are not knobs of algo.loss=fake_stateful"):
+    with pytest.raises(ConfigError, match=r"algo.loss_params: unknown param 'fake_windw' of policy loss "
+                                          r"'fake_stateful'; did you mean 'fake_window'\?"):
         build_config({"algo": {"loss": "fake_stateful", "loss_params": {"fake_windw": 3}}})
 
 

@@ -9,7 +9,6 @@ the same prompts). Its constructor takes the training rows, `seed`, optionally `
 from __future__ import annotations
 
 import copy
-import difflib
 import inspect
 import random
 from typing import Any
@@ -69,31 +68,6 @@ def sampler_metrics(sampler) -> dict[str, float]:
     """The sampler's `sampler/*` metrics for the step's log; `metrics()` is optional for samplers of your own."""
     report = getattr(sampler, "metrics", None)
     return report() if report is not None else {}
-
-
-def sampler_knobs(name: str) -> list[str] | None:
-    """The knobs `data.sampler_params` may set for sampler `name`; None when it takes any (**kwargs)."""
-    params = inspect.signature(SAMPLERS.get(name)).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return [p.name for p in params if p.name not in RUN_ARGUMENTS
-            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-
-
-def check_sampler_params(name: str, params: dict[str, Any]) -> None:
-    """Refuse knobs sampler `name` does not have, naming the nearest and the ones it has."""
-    if name not in SAMPLERS:
-        return  # the name itself is reported by lmrl.validation
-    knobs = sampler_knobs(name)
-    if knobs is None:
-        return
-    for key in params:
-        if key in RUN_ARGUMENTS:
-            raise ValueError(f"{key} is set by the run (trainer.seed, reward.accuracy_component), not a knob")
-        if key not in knobs:
-            near = difflib.get_close_matches(key, knobs, n=1, cutoff=0.5)
-            hint = f"did you mean {near[0]!r}? " if near else ""
-            raise ValueError(f"sampler {name!r} has no knob {key!r}; {hint}its knobs: {', '.join(knobs) or 'none'}")
 
 
 def build_sampler(cfg, rows: list[dict[str, Any]]):
