@@ -11,6 +11,7 @@ docs/scaling.md.
 """
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -150,11 +151,14 @@ def _placement(ray, workers: int, threads: int):
     return group, 0, True
 
 
-def _ray():
+def _ray(cpus: int = 0):
+    """Ray, joined or started: a cluster named by RAY_ADDRESS is joined as it is; a local one started here
+    counts `cpus` logical CPUs when the run reserves more than the machine has (its actors then share cores)."""
     try:
         import ray
     except ImportError as err:
         raise ImportError("dist.backend: ray needs Ray: pip install 'lmrl[ray]'") from err
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        local = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": max(os.cpu_count() or 1, cpus)}
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, **local)
     return ray
