@@ -11,7 +11,7 @@ from lmrl.config import RewardComponent, RewardConfig
 from lmrl.models import load_model, load_tokenizer, tiny_llama
 from lmrl.rewards import RewardScorer
 from lmrl.rewards.judge_client import JudgeClient, JudgeHTTPError
-from lmrl.serve import build_server
+from lmrl.serve import build_server, load_served_model
 from lmrl.types import Group, Sample
 
 
@@ -71,6 +71,9 @@ def test_models_health_and_errors(server):
     with pytest.raises(JudgeHTTPError, match="max_tokens") as err:
         client.chat(ask("x"), max_tokens=10_000)
     assert err.value.status == 400 and client.stats["requests"] == 1  # a bad request is not retried
+    too_many = requests.post(url(server, "/v1/chat/completions"), json={"messages": ask("x"), "max_tokens": 65},
+                             timeout=5).json()["error"]
+    assert (too_many["type"], too_many["param"], too_many["code"]) == ("invalid_request_error", "max_tokens", None)
     for body, message in [({"messages": []}, "messages"), ({"messages": ask("x"), "stream": True}, "stream"),
                           ({"messages": [{"role": "user"}]}, "content"), ({"messages": ask("x"), "n": 0}, "'n'")]:
         response = requests.post(url(server, "/v1/chat/completions"), json=body, timeout=5)
@@ -98,6 +101,21 @@ def test_api_key_is_required_when_set(tmp_path):
 def test_cli_serve_arguments():
     args = parser().parse_args(["serve", "default", "--port", "0"])
     assert (args.model, args.host, args.port, args.fn.__name__) == ("default", "127.0.0.1", 0, "cmd_serve")
+    assert (args.base, args.max_batch_rows, args.max_queue, args.queue_timeout) == (None, 32, 64, 120.0)
+    args = parser().parse_args(["serve", "runs/r/checkpoints/step-000002/model", "--base", "default",
+                                "--max-queue", "4", "--queue-timeout", "2.5"])
+    assert (args.base, args.max_queue, args.queue_timeout) == ("default", 4, 2.5)
+
+
+def test_base_is_refused_for_a_full_model(tmp_path):
+    model_dir = tmp_path / "full"
+    tokenizer = make_tokenizer()
+    tokenizer.save_pretrained(model_dir)
+    tiny_llama(vocab_size=len(tokenizer), hidden=16, layers=1, heads=2).save_pretrained(model_dir)
+    with pytest.raises(ValueError, match="--base is for LoRA adapter directories"):
+        load_served_model(str(model_dir), base="default")
+    model, _, path = load_served_model(str(model_dir))
+    assert path == model_dir and model.config.hidden_size == 16
 
 
 def test_judge_rewards_end_to_end_through_the_server(server):
