@@ -199,7 +199,8 @@ def cmd_serve(args) -> int:
     if args.api_key_env and not api_key:
         raise ValueError(f"--api-key-env {args.api_key_env}: that environment variable is not set")
     serve(args.model, host=args.host, port=args.port, model_name=args.name, api_key=api_key, device=args.device,
-          max_tokens_limit=args.max_tokens_limit)
+          base=args.base, max_tokens_limit=args.max_tokens_limit, max_batch_rows=args.max_batch_rows,
+          max_queue=args.max_queue, queue_timeout_s=args.queue_timeout)
     return 0
 
 
@@ -261,12 +262,17 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("path", nargs="?")
     m.set_defaults(fn=cmd_models)
     sv = sub.add_parser("serve", help="serve a model as an OpenAI-compatible chat endpoint (e.g. a local judge)")
-    sv.add_argument("model", help="model directory, .gguf file or 'default'")
+    sv.add_argument("model", help="model directory, .gguf file, 'default', or a LoRA checkpoint's adapter directory")
+    sv.add_argument("--base", help="the base model of a LoRA adapter directory (default: the run's model.path)")
     sv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--name", help="model name reported by the API (default: the directory name or 'default')")
     sv.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     sv.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask for")
+    sv.add_argument("--max-batch-rows", type=int, default=32, help="most completions generated in one batched call")
+    sv.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond this are refused (HTTP 429)")
+    sv.add_argument("--queue-timeout", type=float, default=120.0,
+                    help="seconds a request may wait for its turn before it is refused (HTTP 503)")
     sv.add_argument("--api-key-env", help="require 'Authorization: Bearer <key>' with the key in this environment variable")
     sv.set_defaults(fn=cmd_serve)
     return p
