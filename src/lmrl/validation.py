@@ -346,7 +346,8 @@ def _method_rows(cfg: Config, rows: list[dict]) -> None:
 
 def streaming_problems(cfg: Config) -> list[str]:
     """Why this config's batches cannot be consumed chunk by chunk (empty: they can). Read from the
-    methods' declarations: the estimator's `group_local`, the aggregation's `denominator`, their states."""
+    methods' declarations: the estimator's `group_local`, the aggregation's `denominator`, the loss's
+    `batch_statistics`, their states."""
     a, t = cfg.algo, cfg.trainer
     advantage, loss = ADVANTAGES.spec(a.advantage), LOSSES.spec(a.loss)
     checks = [
@@ -354,6 +355,8 @@ def streaming_problems(cfg: Config) -> list[str]:
                                     "advantages may read statistics of the whole batch"),
         (a.group_by is not None, "algo.group_by pools advantage groups across prompts, which chunks split"),
         (a.cost_aware_fraction > 0, "algo.cost_aware_fraction draws rows over the whole batch"),
+        (loss.reads_whole_batch(a.loss_params), f"algo.loss={a.loss} with algo.loss_params={a.loss_params} reads "
+                                                 "a statistic of the whole batch, which each chunk would compute apart"),
         (advantage.state is not None or loss.state is not None,
          f"algo.advantage={a.advantage} / algo.loss={a.loss} keep a state that learns from the whole batch"),
         (AGGREGATIONS.spec(a.aggregation).denominator is None,

@@ -67,7 +67,8 @@ def test_reinforce_pp_return_to_go_spec_value():
 def test_outcome_reward_lands_on_last_valid_token():
     mask = torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
     tr = outcome_to_token_rewards(torch.tensor([2.0, 5.0]), mask)
-    assert tr.tolist() == [[0.0, 0.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
+    # a row without a valid token keeps its reward on its last (masked) position: group baselines count it
+    assert tr.tolist() == [[0.0, 0.0, 2.0, 0.0], [0.0, 0.0, 0.0, 5.0]]
 
 
 def test_advantages_are_zero_outside_the_mask():

@@ -9,6 +9,7 @@ import torch
 from algo_helpers import adv, logs, loss_inputs, rollout_inputs, token_inputs
 from algo_helpers import run_loss as run
 from lmrl.algos import LOSSES, LossInputs
+from lmrl.algos.soft_clipping import gft_batch_tau
 
 
 def cispo_inputs():
@@ -74,6 +75,8 @@ def test_gft_spec_group_advantages():
 def test_gft_tau_from_a_quantile_of_the_tokens_with_an_advantage():
     probs = [0.1, 0.2, 0.4, 0.8, 0.01]
     lp, _, x = loss_inputs([[math.log(p) for p in probs]], [[1.0, 1.0, -1.0, 1.0, 0.0]])
+    x.extras.update({k: torch.tensor(v) for k, v in
+                     gft_batch_tau(x.old_logp, x.advantages, x.mask, gft_tau_quantile=0.5).items()})
     loss, m = LOSSES.get("gft")(x, gft_tau_quantile=0.5)
     tau = np.quantile(probs[:4], 0.5)  # 0.3; the A = 0 token does not count
     assert m["gft/tau"] == pytest.approx(tau)
@@ -87,7 +90,16 @@ def test_gft_bad_knobs():
     with pytest.raises(ValueError, match="gft_tau"):
         LOSSES.get("gft")(x, gft_tau=0.0)
     with pytest.raises(ValueError, match="gft_tau_quantile"):
-        LOSSES.get("gft")(x, gft_tau_quantile=1.5)
+        gft_batch_tau(x.old_logp, x.advantages, x.mask, gft_tau_quantile=1.5)
+    with pytest.raises(ValueError, match="whole batch's quantile"):  # τ is never a micro-batch's own
+        LOSSES.get("gft")(x, gft_tau_quantile=0.5)
+
+
+def test_gft_declares_its_quantile_a_whole_batch_statistic():
+    spec = LOSSES.spec("gft")
+    assert spec.reads_whole_batch({"gft_tau_quantile": 0.5})
+    assert not spec.reads_whole_batch({"gft_tau": 0.1})
+    assert not LOSSES.spec("cispo").reads_whole_batch({})
 
 
 def test_gft_is_marked_row_local():

@@ -3,7 +3,8 @@
 Signature of every estimator in `ADVANTAGES`: `(token_rewards [B,T], group_index [B], mask [B,T],
 **knobs) -> advantages [B,T]`. `token_rewards` holds the outcome reward at each sequence's last
 generated token (plus any per-token terms such as a KL penalty folded into the reward); group
-estimators use its row sum. Per-sample inputs beyond the reward arrive as keyword tensors or numbers
+estimators use its row sum, which is every sample's real reward, also for a row without a generated
+token (`outcome_to_token_rewards`). Per-sample inputs beyond the reward arrive as keyword tensors or numbers
 (docs/methods/inputs.md); a required one that is missing raises a ValueError naming it. Each
 estimator declares at registration what it needs and whether it compares the samples of a group
 (`declarations.py`). Formulas: docs/methods/{grpo,dr_grpo,rloo,reinforce_pp,xgrpo,prpo}.md.
@@ -37,13 +38,37 @@ def to_tokens(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def outcome_to_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Place each sequence's scalar reward on its last valid token."""
+    """Place each sequence's scalar reward on its last valid token.
+
+    A row without a valid token (a multi-turn episode whose every turn is masked, a turn cut to 0
+    tokens) keeps its reward on its last position, outside the mask: the row sum stays the sample's
+    reward, so group baselines count it as verl and TRL do, while no token of it gets an advantage
+    (estimators multiply by the mask; recursions over tokens read rewards on valid positions only).
+    """
     token_rewards = torch.zeros_like(mask, dtype=torch.float)
+    if mask.shape[1] == 0:
+        return token_rewards
     positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
     last = torch.where(mask > 0, positions, torch.full_like(positions, -1)).max(dim=1).values
-    rows = torch.nonzero(last >= 0).squeeze(1)
-    token_rewards[rows, last[rows]] = rewards[rows].float()
+    last = torch.where(last >= 0, last, torch.full_like(last, mask.shape[1] - 1))
+    token_rewards[torch.arange(mask.shape[0], device=mask.device), last] = rewards.float()
     return token_rewards
+
+
+def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Return-to-go over generated positions: G_t = r_t + γ·G_t', t' the row's next generated position.
+
+    Positions outside the mask (an environment's observation between two policy turns, padding)
+    neither discount nor break the return and their rewards are not read: the return of a turn
+    includes the rewards of the later turns, as in verl's GAE over the response mask.
+    """
+    on = mask > 0
+    returns = torch.zeros_like(token_rewards, dtype=torch.float)
+    running = torch.zeros(token_rewards.shape[0], device=token_rewards.device)
+    for t in reversed(range(token_rewards.shape[1])):
+        running = torch.where(on[:, t], token_rewards[:, t].float() + gamma * running, running)
+        returns[:, t] = running
+    return returns * mask
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -84,12 +109,7 @@ def rloo(token_rewards, group_index, mask, **_):
 
 @ADVANTAGES.register("reinforce_pp", "REINFORCE++: discounted return-to-go, whitened over the batch's tokens")
 def reinforce_pp(token_rewards, group_index, mask, gamma: float = 1.0, **_):
-    returns = torch.zeros_like(token_rewards)
-    running = torch.zeros(token_rewards.shape[0], dtype=token_rewards.dtype)
-    for t in reversed(range(token_rewards.shape[1])):
-        running = token_rewards[:, t] + gamma * running * mask[:, t]
-        returns[:, t] = running
-    return masked_whiten(returns * mask, mask)
+    return masked_whiten(discounted_returns(token_rewards, mask, gamma), mask)
 
 
 @ADVANTAGES.register(

@@ -174,16 +174,22 @@ class Algorithm:
 
     def _prepare(self, batch: Batch) -> dict[str, float]:
         """Advantages of the batch; rows outside the estimate (`row_extras["in_advantage"]` False, e.g.
-        rescue demonstrations) are left out of it and get A = 0."""
+        rescue demonstrations) are left out of it and get A = 0. Then the loss's statistics of the
+        whole batch, if it declares any (`LossSpec.batch_statistics`), go into `batch.context`, which
+        every micro-batch hands to the loss in `extras`."""
         in_advantage = batch.row_extras.get("in_advantage")
         if in_advantage is None or bool(in_advantage.all()):
-            return self._estimate(batch)
-        sampled = in_advantage.nonzero().flatten().tolist()
-        part = batch.select(sampled)
-        metrics = self._estimate(part)
-        batch.advantages = torch.zeros_like(batch.completion_mask)
-        batch.advantages[sampled, : part.advantages.shape[1]] = part.advantages
-        batch.extras.setdefault("rollout_logp", batch.behaviour_logprobs)
+            metrics = self._estimate(batch)
+        else:
+            sampled = in_advantage.nonzero().flatten().tolist()
+            part = batch.select(sampled)
+            metrics = self._estimate(part)
+            batch.advantages = torch.zeros_like(batch.completion_mask)
+            batch.advantages[sampled, : part.advantages.shape[1]] = part.advantages
+            batch.extras.setdefault("rollout_logp", batch.behaviour_logprobs)
+        if self.loss_spec.reads_whole_batch(self.loss_knobs):
+            batch.context.update(self.loss_spec.batch_statistics(
+                batch.extras["rollout_logp"], batch.advantages, batch.completion_mask, **self.loss_knobs))
         return metrics
 
     def _estimate(self, batch: Batch) -> dict[str, float]:

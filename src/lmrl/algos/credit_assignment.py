@@ -267,20 +267,20 @@ def turn_discounted(token_rewards, group_index, mask, turn_rewards=None, gamma: 
     R − Σ_j r_j (other components, e.g. the answer grader) is added to the last turn, so Σ_j r_j = R.
     G_j = Σ_{k≥j} γ^(k−j) r_k (γ per turn, not per token). Every token of turn j gets
     A = (G_j − mean G_j) / (std G_j + eps), mean and std over the episodes of its group that reach
-    turn j (as GRPO: a lone episode gets baseline 0, std 1). With γ = 1, all reward on the last turn
-    and equal turn counts this is GRPO.
+    turn j (as GRPO: a lone episode gets baseline 0, std 1). An episode with no trainable token still
+    counts in its group's first-turn statistics with G_0 = R (its tokens get no advantage). With
+    γ = 1, all reward on the last turn and equal turn counts this is GRPO.
     """
     per_turn = required("turn_rewards", turn_rewards).to(torch.float)
     ids = turn_ids(mask)
-    counts = ids.max(dim=1).values + 1
-    width = max(int(counts.max()), 1)
+    counts = (ids.max(dim=1).values + 1).clamp(min=1)  # an episode without a trainable turn: one, unread
+    width = int(counts.max())
     rewards = torch.zeros((mask.shape[0], width))
     cols = min(width, per_turn.shape[1])
     rewards[:, :cols] = per_turn[:, :cols]
     rewards = rewards * (torch.arange(width).unsqueeze(0) < counts.unsqueeze(1))
-    rows = torch.nonzero(counts > 0).squeeze(1)
     residual = token_rewards.sum(dim=1).float() - rewards.sum(dim=1)
-    rewards[rows, counts[rows] - 1] += residual[rows]
+    rewards[torch.arange(mask.shape[0]), counts - 1] += residual
     returns = discounted_turn_returns(rewards, gamma)
     advantages = torch.zeros_like(returns)
     for j in range(width):

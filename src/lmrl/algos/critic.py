@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from lmrl.algos.advantages import ADVANTAGES, masked_whiten, required
+from lmrl.algos.advantages import ADVANTAGES, discounted_returns, masked_whiten, required
 
 
 def gae_advantages_returns(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
@@ -68,16 +68,6 @@ def gae(token_rewards, group_index, mask, values=None, gamma: float = 1.0, lam: 
     """
     adv, _ = gae_advantages_returns(token_rewards, required("values", values), mask, gamma, lam)
     return masked_whiten(adv, mask) if whiten else adv
-
-
-def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Monte-Carlo return-to-go Σ_k γ^(k−t) r_k over generated positions."""
-    returns = torch.zeros_like(token_rewards, dtype=torch.float)
-    running = torch.zeros(token_rewards.shape[0])
-    for t in reversed(range(token_rewards.shape[1])):
-        running = token_rewards[:, t].float() + gamma * running * mask[:, t]
-        returns[:, t] = running
-    return returns * mask
 
 
 @ADVANTAGES.register("evpo", "EVPO: critic (GAE) advantages when the critic's explained variance > 0, else batch-mean baseline",

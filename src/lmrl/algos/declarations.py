@@ -40,9 +40,18 @@ class LossSpec:
     sequence_is: bool = False  # weighs rows by pi_old(y)/pi_rollout(y): other policies' samples can be used
     sequence_is_when: Callable[[dict[str, Any]], bool] | None = None  # knobs under which sequence_is holds
     default_aggregation: str | None = None  # the aggregation the method is defined with
+    # (rollout_logp, advantages, mask, **knobs) -> scalars the loss reads in `extras`, computed once over
+    # the whole prepared batch (into `context`), so micro-batching cannot change them; chunks cannot stream
+    batch_statistics: Callable[..., dict[str, float]] | None = None
+    batch_statistics_when: Callable[[dict[str, Any]], bool] | None = None  # knobs under which they are computed
 
     def __post_init__(self):
         object.__setattr__(self, "requires", frozenset(self.requires))
+
+    def reads_whole_batch(self, knobs: dict[str, Any]) -> bool:
+        """Whether, with these `algo.loss_params`, the loss reads `batch_statistics` of the whole batch."""
+        return self.batch_statistics is not None and (self.batch_statistics_when is None
+                                                      or self.batch_statistics_when(knobs))
 
     def weighs_sequences(self, knobs: dict[str, Any]) -> bool:
         """Whether, with these `algo.loss_params`, rows are weighed by the sequence ratio pi_old(y)/pi_rollout(y).

@@ -60,8 +60,26 @@ def gft_coefficients(probs: torch.Tensor, tau: float | torch.Tensor) -> torch.Te
     return probs / torch.maximum(probs, torch.as_tensor(tau, dtype=probs.dtype))
 
 
+GFT_BATCH_TAU = "gft_batch_tau"  # the `extras` key of the whole batch's quantile τ
+
+
+def gft_batch_tau(rollout_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, gft_tau: float = 0.1,
+                  gft_tau_quantile: float | None = None, **_) -> dict[str, float]:
+    """τ = the q-quantile of the sampling policy's π over the whole batch's valid tokens with A ≠ 0.
+
+    Computed once per prepared batch (`LossSpec.batch_statistics`), so every micro-batch divides by
+    the same τ; `gft_tau` when no token carries an advantage.
+    """
+    if gft_tau_quantile is None or not 0 <= gft_tau_quantile <= 1:
+        raise ValueError(f"gft_tau_quantile must lie in [0, 1], got {gft_tau_quantile}")
+    live = rollout_logp.detach()[(mask > 0) & (advantages != 0)]
+    return {GFT_BATCH_TAU: float(torch.quantile(live.exp().float(), gft_tau_quantile)) if live.numel() else gft_tau}
+
+
 @LOSSES.register("gft", "GFT: -sg(pi/max(pi, tau))·A·logp, the policy gradient with the 1/pi weight capped at 1/tau",
-                 zero_at_zero_advantage=True)  # row-local (τ counts only tokens with A ≠ 0) and zero where A = 0
+                 zero_at_zero_advantage=True,  # row-local (τ counts only tokens with A ≠ 0) and zero where A = 0
+                 batch_statistics=gft_batch_tau,
+                 batch_statistics_when=lambda knobs: knobs.get("gft_tau_quantile") is not None)
 def gft(x: LossInputs, gft_tau: float = 0.1, gft_tau_quantile: float | None = None, **_):
     """GFT, Group Fine-Tuning (arXiv 2604.14258; docs/methods/gft.md). Confidence: low — reconstructed
     from the abstract.
@@ -74,16 +92,17 @@ def gft(x: LossInputs, gft_tau: float = 0.1, gft_tau_quantile: float | None = No
     alone this is the rectified policy gradient.
 
     τ: the fixed `gft_tau` (0.1, from the method page's example), or, with `gft_tau_quantile` = q,
-    the q-quantile of π over the micro-batch's valid tokens that carry an advantage (A ≠ 0). The
-    coefficient has no gradient and no importance ratio (on-policy, as SFT).
+    the whole batch's quantile from `gft_batch_tau`, read from `extras` (the Algorithm puts it there
+    when it prepares the batch). The coefficient has no gradient and no importance ratio (on-policy,
+    as SFT).
     """
     probs = torch.exp(x.logp.detach())
     tau: float | torch.Tensor = gft_tau
     if gft_tau_quantile is not None:
-        if not 0 <= gft_tau_quantile <= 1:
-            raise ValueError(f"gft_tau_quantile must lie in [0, 1], got {gft_tau_quantile}")
-        live = probs[(x.mask > 0) & (x.advantages != 0)]
-        tau = torch.quantile(live.float(), gft_tau_quantile).to(probs.dtype) if live.numel() else gft_tau
+        if GFT_BATCH_TAU not in x.extras:
+            raise ValueError("gft with gft_tau_quantile reads the whole batch's quantile τ from "
+                             f"extras[{GFT_BATCH_TAU!r}], which Algorithm.prepare computes (gft_batch_tau)")
+        tau = x.extras[GFT_BATCH_TAU].to(probs.dtype)
     elif gft_tau <= 0:
         raise ValueError(f"gft_tau must be > 0, got {gft_tau}")
     coef = gft_coefficients(probs, tau)
