@@ -355,8 +355,9 @@ def streaming_problems(cfg: Config) -> list[str]:
                                     "advantages may read statistics of the whole batch"),
         (a.group_by is not None, "algo.group_by pools advantage groups across prompts, which chunks split"),
         (a.cost_aware_fraction > 0, "algo.cost_aware_fraction draws rows over the whole batch"),
-        (loss.reads_whole_batch(a.loss_params), f"algo.loss={a.loss} with algo.loss_params={a.loss_params} reads "
-                                                 "a statistic of the whole batch, which each chunk would compute apart"),
+        (loss.reads_whole_batch(a.loss_params),
+         f"algo.loss={a.loss} with algo.loss_params={a.loss_params} reads a statistic of the whole batch, "
+         "which each chunk would compute apart"),
         (advantage.state is not None or loss.state is not None,
          f"algo.advantage={a.advantage} / algo.loss={a.loss} keep a state that learns from the whole batch"),
         (AGGREGATIONS.spec(a.aggregation).denominator is None,

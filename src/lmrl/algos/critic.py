@@ -17,7 +17,9 @@ def gae_advantages_returns(token_rewards: torch.Tensor, values: torch.Tensor, ma
     """verl `compute_gae_advantage_return` without the whitening: (advantages, returns = A + V).
 
     δ_t = r_t + γ V_{t+1} − V_t and A_t = δ_t + γλ A_{t+1}, over generated positions only (masked
-    positions neither update the running value nor the running advantage).
+    positions neither update the running value nor the running advantage): t+1 is the row's next
+    generated position, so a turn's advantage and return reach across an environment observation
+    into the later turns, as `discounted_returns` does for reinforce_pp and EVPO's baseline.
     """
     rewards, values, mask = token_rewards.float(), values.float(), mask.float()
     next_value = torch.zeros(rewards.shape[0])
@@ -80,7 +82,8 @@ def evpo(token_rewards, group_index, mask, values=None, gamma: float = 1.0, lam:
     EV = 1 − Var(R − V)/Var(R) over the batch's valid tokens, R = the GAE λ-returns (the critic's
     targets). EV > `ev_threshold` (0): the critic reduces variance, use the GAE advantages (PPO,
     whitened when `whiten`). Otherwise the batch-mean baseline A_t = G_t − mean(G), G the
-    Monte-Carlo return-to-go (= the outcome reward when γ = 1) and the mean over valid tokens.
+    Monte-Carlo return-to-go (`discounted_returns`: = the outcome reward when γ = 1; it flows across
+    environment observations like the GAE returns) and the mean over valid tokens.
     A batch whose returns do not vary has no EV and takes the baseline branch. The critic trains
     in both branches, so the gate can switch back.
     """
