@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lmrl.eval.report import family_of, write_report
+from lmrl.eval.report import family_figure, family_of, read_series, write_report
 
 CONFIG_TEXT = "model: tiny-gpt\nalgo:\n  name: grpo\n  lr: 1.0e-6\n"
 
@@ -119,3 +119,16 @@ def test_malformed_lines_are_skipped_and_reported(tmp_path: Path):
     assert "Skipped 1 metric row(s) without an integer step." in page
     assert "Reward" in _img_alts(page)
     assert _summary(page) == {"reward/mean": ("0.25", "0.25", "0.25", "1")}
+
+
+def test_steps_sit_on_integer_ticks_and_the_logging_time_is_not_plotted(tmp_path: Path):
+    _write_jsonl(tmp_path / "metrics.jsonl", [{"step": 1, "time": 1.7e9, "reward/mean": 0.1},
+                                              {"step": 2, "time": 1.7e9 + 30.0, "reward/mean": 0.3}])
+    series = read_series(tmp_path)
+    assert list(series) == ["reward/mean"]
+    page = write_report(tmp_path).read_text(encoding="utf-8")
+    assert _img_alts(page) == ["Reward"] and list(_summary(page)) == ["reward/mean"]
+    fig = family_figure("Reward", list(series.values()))
+    fig.canvas.draw()
+    low, high = fig.axes[0].get_xlim()
+    assert [t for t in fig.axes[0].get_xticks() if low <= t <= high] == [1.0, 2.0]

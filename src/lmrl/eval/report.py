@@ -14,6 +14,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
 from lmrl.eval.suite_report import figure, latest_suite, load_suite, png_base64, suite_section
 
 SAMPLES_PER_STEP = 3
@@ -34,6 +37,8 @@ FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Timing", ("timing",)),
 )
 HIGHER_IS_BETTER = ("Reward", "Accuracy")
+# Row fields that say when, not how well: the step (the x axis) and the wall-clock time it was logged at.
+NOT_METRICS = frozenset({"step", "time"})
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; background: #f5f6f8;
@@ -102,7 +107,7 @@ def _collect_series(rows: list[dict]) -> tuple[dict[str, Series], int]:
             continue
         for name, raw in row.items():
             value = _finite(raw)
-            if name == "step" or value is None:
+            if name in NOT_METRICS or value is None:
                 continue
             s = series.setdefault(name, Series(name))
             s.steps.append(step)
@@ -134,8 +139,8 @@ def _group(series: dict[str, Series]) -> dict[str, list[Series]]:
     return {k: sorted(grouped[k], key=lambda s: (s.name.startswith("eval/"), s.name)) for k in keys}
 
 
-def _plot(title: str, members: list[Series]) -> str:
-    """Render one family as a base64 PNG (Agg canvas; no pyplot global state)."""
+def family_figure(title: str, members: list[Series]) -> Figure:
+    """One family's curves over the steps, on integer step ticks (Agg canvas; no pyplot global state)."""
     fig = figure()
     ax = fig.add_subplot()
     for s in members:
@@ -146,9 +151,10 @@ def _plot(title: str, members: list[Series]) -> str:
                 marker="o" if is_eval or len(xs) <= 20 else None, markersize=4, linewidth=1.6)
     ax.set_title(title)
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
-    return png_base64(fig)
+    return fig
 
 
 def _fmt(value: object) -> str:
@@ -220,7 +226,7 @@ def _render(run_name: str, run_dir: Path, series: dict[str, Series], n_rows: int
         last_step = max(max(s.steps) for s in series.values())
         parts += [_cards(grouped, last_step), "<h2>Metrics</h2>", '<div class="plots">']
         parts += [f'<div class="plot"><img alt="{html.escape(title)}" '
-                  f'src="data:image/png;base64,{_plot(title, members)}"></div>'
+                  f'src="data:image/png;base64,{png_base64(family_figure(title, members))}"></div>'
                   for title, members in grouped.items()]
         parts += ["</div>", "<h2>Summary</h2>", _summary_table(grouped)]
     if suite_html:
