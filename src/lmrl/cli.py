@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from lmrl.config import Config, ConfigError, config_to_yaml, load_config, load_run_config
+from lmrl.errors import RewardErrorRate
 from lmrl.recipe_files import RECIPES_DIR
 from lmrl.presets import PRESETS
 
@@ -115,8 +117,13 @@ def cmd_train(args) -> int:
                   soft_wrap=True)
     if before is not None and after is not None:
         n = int(result.eval_after.get("eval/num_prompts", 0))
-        console.print(f"[bold]held-out greedy accuracy ({n} prompts): before {before:.3f} → after {after:.3f} "
-                      f"({(after - before) * 100:+.1f} points)", soft_wrap=True)
+        excluded = [int(e.get("eval/excluded", 0)) for e in (result.eval_before, result.eval_after)]
+        ungraded = f"; ungraded, the accuracy component erred: {excluded[0]} before, {excluded[1]} after" \
+            if any(excluded) else ""
+        gain = after - before
+        console.print(f"[bold]held-out greedy accuracy ({n} prompts{ungraded}): before {before:.3f} → "
+                      f"after {after:.3f}" + ("" if math.isnan(gain) else f" ({gain * 100:+.1f} points)"),
+                      soft_wrap=True)
     return 0
 
 
@@ -282,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError, FileExistsError, ValueError, KeyError) as err:
+    except (ConfigError, FileNotFoundError, FileExistsError, ValueError, KeyError, RewardErrorRate) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         console.print(f"[red]error:[/red] {escape(str(message))}", soft_wrap=True, highlight=False)
         return 2

@@ -73,6 +73,8 @@ class RewardConfig(Section):
     timeout_s: float = Field(10.0, gt=0)
     retries: int = Field(0, ge=0)  # extra attempts when a component raises, times out or returns garbage
     on_error: Literal["exclude", "zero"] = "exclude"  # what a sample gets once the attempts are used up
+    # a step whose share of samples with reward errors is above this stops the run (1.0: never; docs/rewards)
+    max_error_rate: float = Field(0.5, ge=0, le=1)
     concurrency: int = Field(1, ge=1)  # samples a per-sample component scores at once (judges, sandboxed tests)
     workers: Literal["threads", "ray"] = "threads"  # ray: stateless components as Ray tasks (docs/scaling.md)
     accuracy_component: str = "answer"  # the component reported as accuracy (1.0 = correct)

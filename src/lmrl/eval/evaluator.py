@@ -15,9 +15,22 @@ from lmrl.rewards.group import answer_classes, sample_answer
 from lmrl.types import Group
 
 
+def graded_flags(groups: list[Group], component: str) -> list[list[bool | None]]:
+    """Per group, per sample: whether the accuracy component `component` (a component, or a component's
+    named part `name/part`) scored it correct (>= 1), whatever the other components did; None where it gave
+    no verdict (it erred or returned None, or the sample was excluded before any reward ran)."""
+    def verdict(s) -> bool | None:
+        errors = s.info.get("reward_errors", {})
+        if component not in s.rewards or any(component == k or component.startswith(k + "/") for k in errors):
+            return None
+        return s.rewards[component] >= 1.0
+
+    return [[verdict(s) for s in g.samples] for g in groups]
+
+
 def correct_flags(groups: list[Group], component: str) -> list[list[bool]]:
-    """Per group, per sample: scored correct by the accuracy component (>= 1; excluded samples never)."""
-    return [[s.excluded is None and s.rewards.get(component, 0.0) >= 1.0 for s in g.samples] for g in groups]
+    """Per group, per sample: scored correct by the accuracy component (a sample it gave no verdict: False)."""
+    return [[v is True for v in flags] for flags in graded_flags(groups, component)]
 
 
 def majority_correct(groups: list[Group], correct: list[list[bool]]) -> list[bool]:
@@ -55,25 +68,40 @@ def generate_groups(engine, tokenizer, rows: list[dict], n: int, params: Samplin
 
 def evaluate(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: EvalConfig,
              max_new_tokens: int, accuracy_component: str, seed: int = 0,
-             environment: EnvConfig | None = None) -> tuple[dict[str, float], list[Group]]:
+             environment: EnvConfig | None = None, advance: Callable[[int, int], None] | None = None
+             ) -> tuple[dict[str, float], list[Group]]:
     """Greedy accuracy on `rows`; with `cfg.samples` > 1 sampled completions per row, pass@k and
     maj@n (the accuracy of each problem's majority answer: what label-free majority-vote training
     can at best teach). With an `environment` naming one, each row is a greedy episode (the
     environment's randomness seeded from `seed`, so every evaluation plays the same episodes) and
-    the environment's own metrics are reported too (`eval/env/...`)."""
+    the environment's own metrics are reported too (`eval/env/...`).
+
+    The accuracy is the accuracy component's alone, over the prompts it gave a verdict on; those it
+    did not (it erred on them) are counted in `eval/excluded`, not as wrong. `advance(done, total)`
+    is told after each engine call how many of the rows to generate for are done (a progress display)."""
     rows = rows[: cfg.num_prompts] if cfg.num_prompts else rows
     if not rows:
         return {}, []
     budget = cfg.max_new_tokens or max_new_tokens
     episodes = environment is not None and environment.name is not None
     episode_seeds = torch.Generator().manual_seed(seed) if episodes else None
+    total, done = len(rows) * (2 if cfg.samples > 1 else 1), [0]
+
+    def step(n: int) -> None:
+        done[0] += n
+        if advance is not None:
+            advance(done[0], total)
+
+    step(0)
     greedy_groups = generate_groups(engine, tokenizer, rows, 1, SamplingParams(max_new_tokens=budget, greedy=True),
-                                    cfg.batch_size, episode_seeds, environment)
+                                    cfg.batch_size, episode_seeds, environment, step)
     scorer.score(greedy_groups)
-    correct = correct_flags(greedy_groups, accuracy_component)
+    graded = [flags[0] for flags in graded_flags(greedy_groups, accuracy_component)]
+    verdicts = [v for v in graded if v is not None]
     lengths = [s.num_generated for g in greedy_groups for s in g.samples]
     metrics = {
-        "eval/accuracy": sum(c[0] for c in correct) / len(correct),
+        "eval/accuracy": sum(verdicts) / len(verdicts) if verdicts else float("nan"),
+        "eval/excluded": float(len(graded) - len(verdicts)),
         "eval/response_length": sum(lengths) / len(lengths),
         "eval/num_prompts": float(len(rows)),
         "eval/gaming_restated_question": gaming_share([s for g in greedy_groups for s in g.samples],
@@ -84,9 +112,12 @@ def evaluate(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: Eva
     if cfg.samples > 1:
         gen = torch.Generator().manual_seed(seed)
         params = SamplingParams(max_new_tokens=budget, temperature=cfg.temperature)
-        sampled = generate_groups(engine, tokenizer, rows, cfg.samples, params, cfg.batch_size, gen, environment)
+        sampled = generate_groups(engine, tokenizer, rows, cfg.samples, params, cfg.batch_size, gen, environment,
+                                  step)
         scorer.score(sampled)
-        sampled_correct = correct_flags(sampled, accuracy_component)
+        sampled_graded = graded_flags(sampled, accuracy_component)
+        sampled_correct = [[v is True for v in flags] for flags in sampled_graded]
+        metrics["eval/excluded_samples"] = float(sum(v is None for flags in sampled_graded for v in flags))
         for k in cfg.pass_k:
             if k <= cfg.samples:
                 metrics[f"eval/pass@{k}"] = mean_pass_at_k(sampled_correct, k)

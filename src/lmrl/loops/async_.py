@@ -49,8 +49,9 @@ class Rollout:
     seen: list[Group]
     kept: list[Group]
     metrics: dict[str, float]
-    seconds: float
+    seconds: float  # making it, scoring included
     generated: int
+    reward_seconds: float = 0.0  # of `seconds`, the time spent in the reward scorer
     chunk: int = 0  # its index among the step's `chunks`
     chunks: int = 1
     made_at: float = 0.0  # perf_counter when it was queued
@@ -113,7 +114,7 @@ class Producer:
                 self.changed.notify_all()
 
     def make(self, version: int, parcel) -> Rollout:
-        t0 = time.perf_counter()
+        t0, scoring = time.perf_counter(), self.s.scorer.seconds
         apply_threads(self.s.cfg.trainer.threads)
         synced = {}
         if self.loaded != version:
@@ -128,7 +129,7 @@ class Producer:
         metrics.update(synced)
         generated = sum(x.num_generated for g in seen for x in g.samples)
         return Rollout(self.next_step, version, seen, kept, metrics, time.perf_counter() - t0, generated,
-                       self.chunk, self.chunks)
+                       self.s.scorer.seconds - scoring, self.chunk, self.chunks)
 
     def queue_rollout(self, rollout: Rollout) -> None:
         with self.changed:
@@ -177,13 +178,14 @@ def run_async_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) ->
                         build_transport(cfg.rollout.weight_transport), state.get("async"))
     if start == 0:
         log_inputs_order(s, run)
+    progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress)
     if start == 0 and cfg.eval.at_start and s.eval_rows:
-        result.eval_before = evaluate_now(s, run, 0, eval_engine)
+        result.eval_before = evaluate_now(s, run, 0, eval_engine, progress)
     producer.publish(start, s.model)
     producer.thread.start()
     last_end = time.perf_counter()
     try:
-        with StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress) as progress:
+        with progress:
             for step in range(start + 1, cfg.trainer.steps + 1):
                 rollout = producer.take(step)
                 t1 = time.perf_counter()
@@ -193,15 +195,17 @@ def run_async_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) ->
                 else:
                     rollout, learned, stream = learn_streamed(s, producer, rollout)
                 metrics = {**rollout.metrics, **rollout_metrics(rollout.seen, cfg.reward.accuracy_component)}
+                s.scorer.check_error_rate(metrics, step)
                 metrics.update(learned if learned is not None else {"skipped_updates": 1.0})
                 producer.publish(step, s.model)
                 step_s, waited = time.perf_counter() - last_end, t1 - last_end + stream.get("async/stream_wait_s", 0.0)
+                generating = rollout.seconds - rollout.reward_seconds
                 result.train_seconds += step_s
                 metrics.update({"async/staleness": float(step - 1 - rollout.version), "async/wait_s": waited,
-                                **version_metrics(step, rollout.seen), **stream, "timing/rollout_s": rollout.seconds,
-                                "timing/train_s": step_s - waited, "timing/step_s": step_s,
-                                "tokens_per_s": rollout.generated / rollout.seconds, "timing/threads": float(threads),
-                                **s.data_notes})
+                                **version_metrics(step, rollout.seen), **stream, "timing/rollout_s": generating,
+                                "timing/reward_s": rollout.reward_seconds, "timing/train_s": step_s - waited,
+                                "timing/step_s": step_s, "tokens_per_s": rollout.generated / generating,
+                                "timing/threads": float(threads), **s.data_notes})
                 stopped = stop_reason(cfg.trainer.stop_when, metrics)
                 run.log(step, {**metrics, **({"stopped": stopped} if stopped else {})})
                 run.log_samples(step, [_sample_row(g, "train") for g in rollout.seen[:2]])
@@ -213,7 +217,7 @@ def run_async_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) ->
                                     or (last and cfg.eval.at_end)):
                     with producer.working:  # waiting for the batch in the making counts: rollouts go on meanwhile
                         t_eval = time.perf_counter()
-                        evaluated = evaluate_now(s, run, step, eval_engine)
+                        evaluated = evaluate_now(s, run, step, eval_engine, progress)
                         paused += time.perf_counter() - t_eval
                     if last:
                         result.eval_after = evaluated

@@ -75,12 +75,12 @@ def weighted_means(parts: list[tuple[dict[str, float], float]]) -> dict[str, flo
 
 def merged(chunks: list[Rollout]) -> Rollout:
     """The chunks of one step as one rollout: groups in order, metrics averaged weighted by samples,
-    the oldest version, the seconds and tokens of all."""
+    the oldest version, the seconds (scoring's among them) and tokens of all."""
     return dataclasses.replace(
         chunks[0], version=min(c.version for c in chunks), seen=[g for c in chunks for g in c.seen],
         kept=[g for c in chunks for g in c.kept], seconds=sum(c.seconds for c in chunks),
         metrics=weighted_means([(c.metrics, float(sum(len(g.samples) for g in c.seen))) for c in chunks]),
-        generated=sum(c.generated for c in chunks))
+        generated=sum(c.generated for c in chunks), reward_seconds=sum(c.reward_seconds for c in chunks))
 
 
 def learn_streamed(s: Stages, producer: Producer, first: Rollout

@@ -206,12 +206,15 @@ def learn(s: Stages, kept: list[Group], step: int) -> dict[str, float] | None:
     return metrics
 
 
-def evaluate_now(s: Stages, run: RunDir, step: int, engine=None) -> dict[str, float]:
-    """Evaluate the held-out rows with `engine` (the run's own by default) and log the result."""
+def evaluate_now(s: Stages, run: RunDir, step: int, engine=None, progress: StepProgress | None = None
+                 ) -> dict[str, float]:
+    """Evaluate the held-out rows with `engine` (the run's own by default), show it on `progress`, log the result."""
     cfg = s.cfg
-    metrics, groups = evaluate(engine or s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval,
-                               cfg.rollout.max_new_tokens, cfg.reward.accuracy_component, seed=cfg.trainer.seed,
-                               environment=cfg.env)
+    with (progress or StepProgress(0, 0, enabled=False)).evaluation(step) as shown:
+        metrics, groups = evaluate(engine or s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval,
+                                   cfg.rollout.max_new_tokens, cfg.reward.accuracy_component, seed=cfg.trainer.seed,
+                                   environment=cfg.env, advance=shown.advance)
+        shown.finish(metrics)
     run.log(step, metrics)
     run.log_samples(step, [_sample_row(g, "eval") for g in groups[:3]])
     return metrics
@@ -245,18 +248,21 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
         return result
     if start == 0:
         log_inputs_order(s, run)
+    progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress and s.parallel.is_main)
     if start == 0 and cfg.eval.at_start and s.eval_rows:
-        result.eval_before = evaluate_now(s, run, 0)
+        result.eval_before = evaluate_now(s, run, 0, progress=progress)
     boundary = step_boundary(s, gens, run)
     done, saved, updates_at_boundary = start, start, s.learner.optimizer_steps
-    progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress and s.parallel.is_main)
     try:
         with progress:
             for step in range(start + 1, cfg.trainer.steps + 1):
                 t0 = time.perf_counter()
                 threads = apply_threads(cfg.trainer.threads)
+                scoring = s.scorer.seconds
                 seen, kept, metrics = collect_groups(s)
-                t_rollout = time.perf_counter() - t0
+                t_reward = s.scorer.seconds - scoring
+                t_rollout = time.perf_counter() - t0 - t_reward
+                s.scorer.check_error_rate(metrics, step)
                 metrics.update(rollout_metrics(seen, cfg.reward.accuracy_component))
                 generated = sum(x.num_generated for g in seen for x in g.samples)
                 t1 = time.perf_counter()
@@ -268,7 +274,7 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                     metrics.update(s.engine.update_weights(None, step))
                 t_train = time.perf_counter() - t1
                 result.train_seconds += time.perf_counter() - t0
-                metrics.update({"timing/rollout_s": t_rollout, "timing/train_s": t_train,
+                metrics.update({"timing/rollout_s": t_rollout, "timing/reward_s": t_reward, "timing/train_s": t_train,
                                 "timing/step_s": time.perf_counter() - t0, "tokens_per_s": generated / t_rollout,
                                 "timing/threads": float(threads),
                                 **s.data_notes})
@@ -280,9 +286,9 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                 progress.update(step, metrics)
                 last = step == cfg.trainer.steps or stopped is not None
                 if cfg.eval.every and step % cfg.eval.every == 0 and not last and s.eval_rows:
-                    evaluate_now(s, run, step)
+                    evaluate_now(s, run, step, progress=progress)
                 if last and cfg.eval.at_end and s.eval_rows:
-                    result.eval_after = evaluate_now(s, run, step)
+                    result.eval_after = evaluate_now(s, run, step, progress=progress)
                 done, updates_at_boundary = step, s.learner.optimizer_steps
                 boundary = {**step_boundary(s, gens, run), "stopped": stopped}
                 if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):

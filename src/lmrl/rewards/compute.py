@@ -10,7 +10,14 @@ built once per scorer as `cls(**params)` and then called without params.
 A component that raises, times out, or returns None / NaN / inf / a wrong type or shape is retried
 `reward.retries` times, then the sample is excluded (`reward.on_error: exclude`, the default) or
 given 0 for that component (`on_error: zero`); either way it is counted in the metrics and the run
-goes on. `reward.concurrency` > 1 scores that many samples of a group at once with a per-sample
+goes on, but never silently: the first problem of each component is printed on stderr once (with the
+traceback of the reward's own code when it raised), `reward_error_share` is logged every step, and
+`check_error_rate` stops a run whose step is above `reward.max_error_rate` (`RewardErrorRate`). A
+None is a component declining to score (no verdict): the sample is excluded and counted, not an
+error. The accuracy component (`reward.accuracy_component`) scores every sample that reached the
+scorer, even one another component's error excluded, so accuracy never depends on the others.
+The time spent scoring adds up in `seconds` (the loops log it as `timing/reward_s`).
+`reward.concurrency` > 1 scores that many samples of a group at once with a per-sample
 component (worth it for judges behind HTTP and for sandboxed unit tests; the component must then be
 thread-safe). `reward.workers: ray` runs the stateless components as Ray tasks (`rewards/remote.py`),
 where a timeout kills the task's process.
@@ -19,12 +26,17 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 import threading
+import time
+import traceback
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+from pathlib import Path
 from typing import Any, Callable
 
 from lmrl.config import RewardConfig
+from lmrl.errors import RewardErrorRate
 from lmrl.registry import Registry
 from lmrl.rewards.functions import REWARD_FNS
 from lmrl.types import Group, Sample
@@ -44,6 +56,30 @@ def find_component(name: str) -> tuple[Any, bool]:
     if name in GROUP_REWARD_FNS:
         return GROUP_REWARD_FNS.get(name), True
     return REWARD_FNS.get(name), False
+
+
+class Problem(str):
+    """Why a call gave no score (the text is the reason, e.g. `error: KeyError: 'target'`); when the
+    component raised, `trace` is the traceback of the component's own frames and `where` its last one."""
+
+    trace: str = ""
+    where: str = ""
+
+
+_SCORER_FILES = (str(Path(__file__)), str(Path(threading.__file__).parent / "concurrent"), threading.__file__)
+
+
+def raised(err: BaseException) -> Problem:
+    """The problem of a call that raised `err`, with the traceback of the component's own code (the
+    scorer's and the thread pool's frames left out)."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith(_SCORER_FILES)]
+    problem = Problem(f"error: {type(err).__name__}: {err}")
+    problem.trace = "".join(["Traceback (most recent call last):\n", *traceback.format_list(frames),
+                             *traceback.format_exception_only(err)]).rstrip()
+    if frames:
+        last = frames[-1]
+        problem.where = f"{last.filename}:{last.lineno} in {last.name}: {(last.line or '').strip()}"
+    return problem
 
 
 def _check_value(value: Any) -> tuple[dict[str, float] | None, str | None]:
@@ -77,11 +113,15 @@ class _Component:
 class RewardScorer:
     """Evaluates the configured components on groups and sets `sample.rewards` and `sample.reward`."""
 
-    def __init__(self, cfg: RewardConfig):
+    def __init__(self, cfg: RewardConfig, report: Callable[[str], None] | None = None):
         self.cfg = cfg
+        self.report = report or _to_stderr  # where the first problem of each component is shown
+        self.first: dict[str, Problem] = {}  # component -> its first problem (shown once)
+        self.seconds = 0.0  # time spent scoring, over every call
         self.components = [_Component(c.name, c.weight, c.params, c.timeout_s or cfg.timeout_s)
                            for c in cfg.components]
         self.aggregate = REWARD_AGGREGATIONS.get(cfg.aggregation)
+        self.grader = self._owner(cfg.accuracy_component)
         self.pool_size = max(4, 2 * cfg.concurrency)
         self.pool = ThreadPoolExecutor(max_workers=self.pool_size, thread_name_prefix="reward")
         self.lock = threading.Lock()
@@ -121,7 +161,7 @@ class RewardScorer:
                     pool.shutdown(wait=False, cancel_futures=True)
             return None, "timeout"
         except Exception as err:  # a user reward may raise anything; handled per on_error
-            return None, f"error: {type(err).__name__}: {err}"
+            return None, raised(err)
 
     def _score_sample(self, comp: _Component, sample: Sample) -> tuple[dict | None, str | None]:
         for _ in range(self.cfg.retries + 1):
@@ -144,28 +184,55 @@ class RewardScorer:
     def _record(self, comp: _Component, sample: Sample, values, problem, reasons: Counter) -> None:
         if problem is not None:
             reasons[problem.split(":")[0]] += 1
+            self._show_first(comp, problem)
+            sample.info.setdefault("reward_errors", {})[comp.name] = str(problem)
             if self.cfg.on_error == "zero":
                 sample.rewards[comp.name] = 0.0
-                sample.info.setdefault("reward_errors", {})[comp.name] = problem
-            else:
+            elif sample.excluded is None:
                 sample.excluded = f"reward {comp.name}: {problem}"
             return
         for key, v in values.items():
             sample.rewards[f"{comp.name}/{key}" if key else comp.name] = v
 
+    def _show_first(self, comp: _Component, problem: Problem) -> None:
+        """Print the first problem of `comp` (its traceback when it raised); later ones are only counted."""
+        with self.lock:
+            if comp.name in self.first:
+                return
+            self.first[comp.name] = problem
+        if problem == "none":
+            what = "returned None (no verdict): the sample is excluded; not counted by reward.max_error_rate"
+        else:
+            fate = "scored 0" if self.cfg.on_error == "zero" else "excluded"
+            what = f"failed ({problem}) after {self.cfg.retries + 1} attempt(s): the sample is {fate}"
+        trace = getattr(problem, "trace", "")
+        self.report(f"reward {comp.name} {what}; shown once, every one is counted in the metrics "
+                    f"(reward_errors/*, reward_error_share/{comp.name})" + (f"\n{trace}" if trace else ""))
+
+    def _owner(self, key: str) -> _Component | None:
+        """The component whose value is `key`, or whose named part it is (`name/part`; names may hold '/')."""
+        return max((c for c in self.components if key == c.name or key.startswith(c.name + "/")),
+                   key=lambda c: len(c.name), default=None)
+
     def _weight_of(self, key: str) -> float:
-        """A component's weight for its value `name` or its named part `name/part` (names may hold '/')."""
-        owner = max((c for c in self.components if key == c.name or key.startswith(c.name + "/")),
-                    key=lambda c: len(c.name), default=None)
+        owner = self._owner(key)
         return owner.weight if owner else 1.0
 
     def score(self, groups: list[Group]) -> dict[str, float]:
+        started = time.perf_counter()
+        try:
+            return self._score(groups)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _score(self, groups: list[Group]) -> dict[str, float]:
         reasons: Counter[str] = Counter()
         for group in groups:
+            entered = [s for s in group.samples if s.excluded is None]
             for comp in self.components:
-                live = [s for s in group.samples if s.excluded is None]
+                live = entered if comp is self.grader else [s for s in entered if s.excluded is None]
                 if not live:
-                    break
+                    continue
                 if comp.per_group:
                     for sample, (values, problem) in zip(live, self._score_group(comp, live)):
                         self._record(comp, sample, values, problem, reasons)
@@ -186,4 +253,36 @@ class RewardScorer:
         metrics = {"excluded": float(sum(s.excluded is not None for g in groups for s in g.samples)) / max(total, 1),
                    "reward_errors": float(sum(reasons.values())) / max(total, 1)}
         metrics.update({f"reward_errors/{k}": float(v) for k, v in reasons.items()})
+        metrics.update(self._error_shares([s for g in groups for s in g.samples]))
         return metrics
+
+    def _error_shares(self, samples: list[Sample]) -> dict[str, float]:
+        """`reward_error_share`: the share of samples on which some component raised, timed out or
+        returned an invalid value (a None is no verdict, not an error); and that share per component."""
+        def failed(sample: Sample, name: str) -> bool:
+            return sample.info.get("reward_errors", {}).get(name, "none") != "none"
+
+        n = max(len(samples), 1)
+        out = {"reward_error_share": sum(any(failed(s, c.name) for c in self.components) for s in samples) / n}
+        out.update({f"reward_error_share/{c.name}": sum(failed(s, c.name) for s in samples) / n
+                    for c in self.components})
+        return out
+
+    def check_error_rate(self, metrics: dict[str, float], step: int) -> None:
+        """Raise `RewardErrorRate` when step `step`'s `reward_error_share` is above `reward.max_error_rate`,
+        naming the component with the most errors, its first exception and where it was raised."""
+        share, limit = metrics.get("reward_error_share", 0.0), self.cfg.max_error_rate
+        if share <= limit:
+            return
+        name = max((c.name for c in self.components), key=lambda n: metrics.get(f"reward_error_share/{n}", 0.0))
+        first, own = self.first.get(name, Problem("unknown")), metrics.get(f"reward_error_share/{name}", 0.0)
+        where = f"\n  first raised at {first.where}" if getattr(first, "where", "") else ""
+        raise RewardErrorRate(
+            f"step {step}: {share:.0%} of the samples had reward errors, above reward.max_error_rate={limit:g}\n"
+            f"  reward {name} failed on {own:.0%} of the samples: {first}{where}\n"
+            f"  (its first traceback is printed above; fix the reward, or set reward.max_error_rate=1.0 to train "
+            f"on the samples left)")
+
+
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
