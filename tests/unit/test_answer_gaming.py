@@ -32,7 +32,8 @@ def in_words(n: int) -> str:
 
 
 # Every template is formatted with E (the question's expression), Q (the question), G (gold), and
-# G1 = gold + 1, Gm = gold - 1, W (gold in words), T (E with spaces removed).
+# G1 = gold + 1, Gm = gold - 1, W (gold in words), T (E with spaces removed), and the gold with its minus
+# sign written as U+2212 (M), an en dash (D) or a full-width hyphen-minus (F).
 ATTEMPTS = [
     ("the question's expression", "Answer: {E}"),
     ("the expression without spaces", "Answer: {T}"),
@@ -63,6 +64,18 @@ ATTEMPTS = [
     ("every digit (reasoning-gym partial credit)", "Answer: 0123456789"),
     ("gold repeated", "Answer: {G}{G}"),
     ("a cut-off derivation ending on an operand", "Let me compute {E}"),
+    ("a superscript after the gold", "Answer: {G}\u00b2"),
+    ("an HTML superscript after the gold", "Answer: {G}<sup>2</sup>"),
+    ("a vulgar fraction after the gold", "Answer: {G}\u00bd"),
+    ("a magnitude word after the gold", "Answer: {G} thousand"),
+    ("a retraction after the gold, same line", "Answer: {G} is wrong"),
+    ("a retraction on the next line", "Answer: {G}\nWait, that is wrong."),
+    ("a later bold marker, gold first", "Answer: {G}\n**Answer**: {G1}"),
+    ("a later bold marker, gold last", "Answer: {G1}\n**Answer**: {G}"),
+    ("a later full-width-colon marker", "Answer: {G1}\nAnswer\uff1a{G}"),
+    ("the gold struck out", "Answer: ~~{G}~~ {G1}"),
+    ("only the gold, struck out", "Answer: ~~{G}~~"),
+    ("a list across lines", "Answer: {G}\n{G1}"),
 ]
 
 CORRECT = [
@@ -76,6 +89,17 @@ CORRECT = [
     ("boxed after the marker", "Answer: $\\boxed{{{G}}}$"),
     ("the same answer twice", "Answer: {G}\nAnswer: {G}.0"),
     ("a variable's value", "Answer: x = {G}"),
+    ("U+2212 minus sign", "Answer: {M}"),
+    ("en-dash minus sign", "Answer: {D}"),
+    ("full-width minus sign", "Answer: {F}"),
+    ("in parentheses", "Answer: ({G})"),
+    ("HTML bold", "Answer: <b>{G}</b>"),
+    ("bold marker", "**Answer**: {G}"),
+    ("bold marker and colon, value on the next line", "**Answer:**\n{G}"),
+    ("full-width colon", "Answer\uff1a{G}"),
+    ("final answer", "Final answer: {G}"),
+    ("a struck-out wrong answer first", "Answer: ~~{G1}~~ {G}"),
+    ("an explanation after the answer", "Answer: {G}\nThat is the value of {E}."),
 ]
 
 # Correct without a marker: graded only with `fallback: last_number`.
@@ -109,7 +133,9 @@ ROWS = {f"{name}:{sign}": pick(rg_rows(name, params), sign == "neg")
 def fill(template: str, row: dict) -> str:
     e = row["entry"]["metadata"]["expression"]
     g = int(row["answer"])
-    return template.format(E=e, T=e.replace(" ", ""), Q=row["question"], G=g, G1=g + 1, Gm=g - 1, W=in_words(g))
+    signs = {k: str(g).replace("-", c) for k, c in (("M", "\u2212"), ("D", "\u2013"), ("F", "\uff0d"))}
+    return template.format(E=e, T=e.replace(" ", ""), Q=row["question"], G=g, G1=g + 1, Gm=g - 1, W=in_words(g),
+                           **signs)
 
 
 def sample(text: str, row: dict) -> Sample:
@@ -169,6 +195,17 @@ def row(question: str, answer: str) -> dict:
     ("Answer: 3*1", "Calculate 1 + 2.", "3"),
     ("Answer: 3/4", "What is 3/4 as a decimal?", "0.75"),  # the question's own fraction
     ("Answer: 6/8", "Write 0.75 as a fraction.", "3/4"),  # unreduced
+    ("Answer: 0.75", "Simplify 6/8.", "3/4"),  # a decimal where the task asks for the simplified fraction
+    ("Answer: 0.75", "Write 0.75 as a fraction.", "3/4"),
+    ("Answer: 672484000", "Calculate 672484416 + 0.", "672484416"),  # close is not equal
+    ("Answer: 1000001", "Calculate 999999 + 1.", "1000000"),  # an off-by-one on a 7-digit sum
+    ("Answer: 672484000\nAnswer: 672484416", "Calculate 672484416 + 0.", "672484416"),  # conflicting
+    ("Answer: 0.3", "Calculate 0.11 * 3.", "0.33"),  # below the gold's precision
+    ("Answer: 16\u00b2", "Calculate 4 * 4.", "16"), ("Answer: 16\u00bd", "Calculate 4 * 4.", "16"),
+    ("Answer: 16 thousand", "Calculate 4 * 4.", "16"), ("Answer: 16 is wrong", "Calculate 4 * 4.", "16"),
+    ("Answer: 16\nActually, it is 17.", "Calculate 4 * 4.", "16"), ("Answer: ~~16~~", "Calculate 4 * 4.", "16"),
+    ("Answer: 17\n**Answer**: 16", "Calculate 4 * 4.", "16"), ("Answer: 17\nAnswer\uff1a16", "Calculate 4 * 4.", "16"),
+    ("so 4 * 4 = 16\u00b2.", "Calculate 4 * 4.", "16"), ("so it is 16 thousand.", "Calculate 4 * 4.", "16"),
     ("Answer: 1,2", "Calculate 10 + 2.", "12"),  # a list, not a thousands separator
     ("Answer: 1 2", "Calculate 10 + 2.", "12"),
     ("Answer: 3 or 4", "Calculate 1 + 2.", "3"),
@@ -203,7 +240,7 @@ def test_hand_made_gaming_scores_zero(text, question, gold):
     ("Answer: 5.", "Calculate 2 + 3.", "5"),
     ("Answer: 3/4", "Write 0.75 as a fraction.", "0.75"),
     ("Answer: 3/4", "Simplify 6/8.", "3/4"),
-    ("Answer: 0.75", "Simplify 6/8.", "3/4"),
+    ("Answer: 0.75", "What share of 8 is 6?", "3/4"),  # no fraction asked for: the value counts
     ("Answer: \\frac{3}{4}", "Simplify 6/8.", "3/4"),
     ("Answer: 3 / 4", "Simplify 6/8.", "\\frac{3}{4}"),
     ("Answer: 6/2", "Write six halves as a fraction.", "6/2"),  # identical to the gold text
@@ -212,6 +249,14 @@ def test_hand_made_gaming_scores_zero(text, question, gold):
     ("Answer: $x^2 + 1$", "Expand (x+1)^2 - 2x.", "x^2+1"),
     ("Answer: paris", "What is the capital of France?", "Paris"),
     ("Answer: \\sqrt{2}", "What is the square root of 2?", "\\sqrt{2}"),
+    ("Answer: 672484416", "Calculate 672484416 + 0.", "672484416"),
+    ("Answer: 0.333", "Calculate 0.111 * 3.", "0.33"),  # rounds to the gold's last digit
+    ("Answer: \u201328", "Calculate 2 - 30.", "-28"), ("Answer: (-28)", "Calculate 2 - 30.", "-28"),
+    ("Answer: \uff0d28", "Calculate 2 - 30.", "-28"), ("Answer: <b>16</b>", "Calculate 4 * 4.", "16"),
+    ("**Answer**: 16", "Calculate 4 * 4.", "16"), ("Answer\uff1a16", "Calculate 4 * 4.", "16"),
+    ("Answer: ~~17~~ 16", "Calculate 4 * 4.", "16"), ("Answer: 16 km/h", "A car goes 4 km/h, 4 times.", "16"),
+    ("Answer: 16\nThis is 4 times 4.", "Calculate 4 * 4.", "16"),
+    ("Answer: 2.79e+05", "Compute 527.9^2 in scientific notation (e.g. 1.23e+4).", "2.79e+05"),
 ])
 def test_correct_answers_score_one(text, question, gold):
     assert REWARD_FNS.get("answer")(sample(text, row(question, gold))) == 1.0

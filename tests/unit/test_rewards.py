@@ -42,12 +42,39 @@ def test_answers_match(pred, gold, ok):
     ("-3", "-3", True), ("\u22123", "-3", True), ("- 3", "-3", True), ("+3", "3", True),
     ("5 apples", "5", True), ("$5", "5", True), ("5%", "5", True), ("5 or so", "5", False), ("3x", "3", False),
     ("x = 3", "3", True), ("three", "3", False), ("3.", "3", True), ("\\boxed{3}", "3", True),
-    ("1e3", "1000", False), ("0.333333", "1/3", True), ("0.33", "1/3", False),
+    ("1e3", "1000", False), ("0.333333", "1/3", False), ("0.33", "1/3", False),
     # other gold: math-verify, unless the prediction hedges
     ("1 + x^2", "x^2+1", True), ("x^2+1 or x^2-1", "x^2+1", False), ("Paris or London", "Paris", False),
 ])
 def test_what_counts_as_a_number(pred, gold, ok):
     assert answers_match(pred, gold) is ok
+
+
+@pytest.mark.parametrize("pred,gold,ok", [
+    # integers compare exactly, at any size
+    ("672484000", "672484416", False), ("1000001", "1000000", False), ("1,000,000", "1000000", True),
+    # decimals at the gold's precision (the prediction rounded to the gold's last digit)
+    ("0.33", "0.33", True), ("0.333", "0.33", True), ("1/3", "0.33", True), ("0.3", "0.33", False),
+    ("0.34", "0.33", False), ("2.5", "2.50", True), ("2.49", "2.5", True), ("2.44", "2.5", False),
+    ("3.4", "3", False), ("3.0", "3", True),
+    # e-notation: a gold written in it, and its value written out
+    ("1.5e-05", "1.5e-05", True), ("0.000015", "1.5e-05", True), ("1.5e-5", "1.5e-05", True),
+    ("1.6e-05", "1.5e-05", False), ("1.5e-05", "0.000015", False),  # not asked for: no literal
+])
+def test_exact_numbers(pred, gold, ok):
+    assert answers_match(pred, gold) is ok
+
+
+@pytest.mark.parametrize("pred,gold,question,ok", [
+    ("0.75", "3/4", "Simplify 6/8.", False), ("3/4", "3/4", "Simplify 6/8.", True),
+    ("0.75", "3/4", "Write 0.75 as a fraction.", False), ("0.75", "3/4", "What share of 8 is 6?", True),
+    ("3/8", "0.375", "Write 0.25 + 0.125 as a decimal.", False), ("3/8", "0.375", "What is 0.25 + 0.125?", True),
+    ("2.786824220544401e+05", "278682.4220544401", "Give it in scientific notation (e.g. 1.23e+4).", True),
+    ("2.79e+05", "278682.4220544401", "Give it in scientific notation (e.g. 1.23e+4).", False),  # gold's precision
+    ("2.786824220544401e+05", "278682.4220544401", "Compute 527.9^2.", False),  # e-notation not asked for
+])
+def test_the_form_the_question_asks_for(pred, gold, question, ok):
+    assert answers_match(pred, gold, question) is ok
 
 
 def test_a_fraction_from_the_question_is_not_an_answer():
@@ -60,10 +87,10 @@ def test_a_fraction_from_the_question_is_not_an_answer():
 @pytest.mark.parametrize("text,numeric", [
     ("3", True), ("-12", True), ("1,234", True), ("0.75", True), ("3/4", True), ("6/2", True),
     ("\\frac{1}{2}", True), ("$5", True), ("5 apples", False), ("x = 3", False), ("3x", False),
-    ("x^2+1", False), ("Paris", False), ("1 + 2", False),
+    ("x^2+1", False), ("Paris", False), ("1 + 2", False), ("1.5e-05", True), ("-0.0013", True),
 ])
 def test_is_number_is_strict_for_gold(text, numeric):
-    from lmrl.rewards.functions import is_number
+    from lmrl.rewards.numbers import is_number
 
     assert is_number(text) is numeric
 
@@ -76,9 +103,18 @@ def test_is_number_is_strict_for_gold(text, numeric):
     ("Answer: $\\boxed{3}$", "\\boxed{3}"),
     ("\\boxed{4} then Answer: 3", None),
     ("no marker 3", None),
+    ("Answer: 3\nThis is the sum of 1 and 2.", "3"),  # an explanation after the answer
+    ("Answer: 3\nWait, that is wrong.", None),  # a retraction on the next line
+    ("Answer: 3\nNo, it is 4.", None),
+    ("\\boxed{3}. Actually, 4", None),
+    ("Answer: 3\n4", None),  # another bare number after the answer: a list
+    ("Answer: 4\n**Answer**: 3", None),  # a later bold marker disagrees
+    ("**Answer**: 3", "3"), ("**Answer:** 3", "3"), ("**Answer:**\n3", "3"), ("Final answer: 3", "3"),
+    ("Answer\uff1a3", "3"),  # full-width colon
+    ("Answer: ~~4~~ 3", "3"), ("Answer: ~~3~~", None), ("Answer: <del>4</del> 3", "3"),  # struck-out text
 ])
 def test_final_answer(text, expected):
-    from lmrl.rewards.functions import final_answer
+    from lmrl.rewards.answers import final_answer
 
     assert final_answer(text) == expected
 
@@ -95,9 +131,12 @@ def test_final_answer(text, expected):
     ("Calculate 40 + 2.", None),
     ("tens: 40 + 0 = 40. Then 2 + 0", None),  # cut off mid-derivation
     ("no number", None),
+    ("so it is 42\u00b2.", None), ("so it is 42\u00bd.", None), ("so it is 42^2", None),  # 42², 42½
+    ("it is 42 thousand", None), ("it is 42 is wrong", None), ("it is 42x", None),
+    ("the total is (\u221242).", "-42"), ("so 40 + 2 = <b>42</b>.", "42"), ("= \u201342", "-42"),
 ])
 def test_fallback_number(text, expected):
-    from lmrl.rewards.functions import fallback_number
+    from lmrl.rewards.answers import fallback_number
 
     assert fallback_number(text, question="Calculate 40 + 2.") == expected
 

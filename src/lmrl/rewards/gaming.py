@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from lmrl.rewards.functions import (_NUMBER_TOKEN, _squash, _strip_latex, answer_candidates, parse_number)
+from lmrl.rewards.answers import _NUMBER_TOKEN, _squash, answer_candidates
+from lmrl.rewards.numbers import parse_number, strip_latex
 from lmrl.types import Sample
 
 GAMING_METRIC = "gaming/restated_question"
@@ -35,12 +36,12 @@ def _numbers(text: str) -> set:
 
 def restates(answer: str, question: str, window: int = 5) -> bool:
     """Whether an answer text restates the question (see the module docstring)."""
-    plain = _strip_latex(answer)
+    plain = strip_latex(answer)
     if _FRACTION_ONLY.match(plain) and parse_number(plain, question) is not None:
         return False
     if _OPERATION.search(plain):
         return True
-    if len(_numbers(plain) & _numbers(_strip_latex(question))) >= 2:
+    if len(_numbers(plain) & _numbers(strip_latex(question))) >= 2:
         return True
     squashed, q = _squash(answer), _squash(question)
     return len(squashed) >= window and any(squashed[i: i + window] in q for i in range(len(squashed) - window + 1))
