@@ -1,7 +1,10 @@
-"""`lmrl train | eval | export | merge | list | report | models | serve`: the command line."""
+"""`lmrl train | eval | export | merge | list | report | models | serve`: the command line.
+
+Dotted `key=value` overrides may stand anywhere after `train` or `eval`, before or after the options."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import sys
 from pathlib import Path
@@ -10,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from lmrl import __version__
 from lmrl.config import Config, ConfigError, config_to_yaml, load_config, load_run_config
 from lmrl.errors import RewardErrorRate
 from lmrl.recipe_files import RECIPES_DIR
@@ -21,6 +25,22 @@ console = Console(stderr=True)
 REGISTRY_KINDS = ["advantages", "losses", "aggregations", "kl", "rewards", "group-rewards", "reward-aggregations",
                   "samplers", "filters", "tasks", "engines", "environments", "sample-sources", "teacher-contexts",
                   "weight-transports"]
+LIST_KINDS = ["algos", "recipes", *REGISTRY_KINDS]
+
+
+def _list_kind(what: str) -> str:
+    """`lmrl list WHAT`: a known kind, or the nearest one suggested."""
+    if what in LIST_KINDS:
+        return what
+    near = difflib.get_close_matches(what, LIST_KINDS, n=1, cutoff=0.5)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise argparse.ArgumentTypeError(f"no kind {what!r}; {hint}(kinds: {', '.join(LIST_KINDS)})")
+
+
+def _say_replaced(cfg: Config) -> None:
+    """What an override of a recipe's list took away (its entries' settings), before anything runs."""
+    for note in cfg.replaced_lists:
+        console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True, highlight=False)
 
 
 def _registries() -> dict:
@@ -98,6 +118,7 @@ def cmd_train(args) -> int:
         resume, cfg = _resumed_config(args)
     else:
         resume, cfg = None, load_config(*_recipe_and_overrides(args))
+    _say_replaced(cfg)
     if args.dry_run:
         from lmrl.loops.setup import preflight
 
@@ -134,6 +155,7 @@ def cmd_eval(args) -> int:
     recipe, overrides = _recipe_and_overrides(args)
     overrides += [f"eval.samples={args.samples}", f"eval.pass_k={args.k}"]
     cfg, default_out = eval_target(recipe, overrides, args.model, args.step)
+    _say_replaced(cfg)
     result = run_eval(cfg, probe=args.reward_seeking)
     for k, v in result["metrics"].items():
         print(f"eval/{k}: {v:.4f}")
@@ -213,6 +235,7 @@ def cmd_serve(args) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lmrl", description="RL post-training of language models")
+    p.add_argument("--version", action="version", version=f"lmrl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train with a recipe (default: quickstart) and key=value overrides")
     t.add_argument("recipe", nargs="?", help="recipe name or YAML path")
@@ -249,7 +272,7 @@ def parser() -> argparse.ArgumentParser:
     mg.add_argument("--lambdas", type=float, nargs="+", help="task_arithmetic: one lambda per model (default 1)")
     mg.set_defaults(fn=cmd_merge)
     ls = sub.add_parser("list", help="what is registered")
-    ls.add_argument("what", choices=["algos", "recipes", *REGISTRY_KINDS])
+    ls.add_argument("what", type=_list_kind, metavar="WHAT", help=f"one of: {', '.join(LIST_KINDS)}")
     ls.set_defaults(fn=cmd_list)
     r = sub.add_parser("report", help="write RUN/report.html with plots of the run's metrics")
     r.add_argument("run")
@@ -286,7 +309,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and all("=" in a and not a.startswith("-") for a in extra):
+        args.overrides = [*args.overrides, *extra]  # `key=value` after an option: an override, wherever it stands
+    elif extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.fn(args)
     except (ConfigError, FileNotFoundError, FileExistsError, ValueError, KeyError, RewardErrorRate) as err:

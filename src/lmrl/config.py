@@ -7,7 +7,6 @@ impossible combination fails here, before any model loads.
 from __future__ import annotations
 
 import copy
-import difflib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,7 +16,8 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from lmrl.errors import ConfigError
 from lmrl.presets import PRESETS
-from lmrl.recipe_files import _has_dotted, _set_dotted, parse_override, read_recipe, read_yaml, recipe_path
+from lmrl.recipe_files import (_has_dotted, _set_dotted, apply_override, check_keys, parse_override, read_recipe,
+                               read_yaml, recipe_path, seed_named_list)
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -295,6 +295,13 @@ class Config(Section):
 
     # dotted keys the preset filled in (build_config): with the field defaults, what the user did not choose
     _preset_filled: frozenset[str] = PrivateAttr(default=frozenset())
+    # what overrides replaced: a list the recipe set, swapped for another (load_config; printed by the CLI)
+    _replaced_lists: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def replaced_lists(self) -> tuple[str, ...]:
+        """One line per recipe list an override replaced, naming the old and the new entries."""
+        return self._replaced_lists
 
     def inherited(self, key: str) -> bool:
         """True when the user left the dotted `key` unset: its value is the preset's or the field's default."""
@@ -305,30 +312,24 @@ class Config(Section):
         return key in self._preset_filled or name not in node.model_fields_set
 
 
-def _check_keys(tree: dict, model: type[BaseModel], prefix: str = "") -> None:
-    """Reject unknown keys, naming the nearest valid one."""
-    for key, value in tree.items():
-        fields = model.model_fields
-        if key not in fields:
-            near = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
-            hint = f"; did you mean '{prefix}{near[0]}'?" if near else f"; valid keys: {', '.join(fields)}"
-            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
-        annotation = fields[key].annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and isinstance(value, dict):
-            _check_keys(value, annotation, f"{prefix}{key}.")
-
-
 def load_config(recipe: str | None = "quickstart", overrides: list[str] | None = None) -> Config:
-    """Load a recipe (with its bases), apply dotted overrides, expand the preset, and validate everything."""
+    """Load a recipe (with its bases), apply dotted overrides, expand the preset, and validate everything.
+
+    An override may enter a list of named entries by name (`reward.components.answer.weight=0.5`); one that
+    replaces a list the recipe set is recorded in `cfg.replaced_lists`."""
     tree: dict[str, Any] = {}
     if recipe:
         path = recipe_path(recipe)
         tree = read_recipe(path)
         tree.setdefault("recipe", path.stem)
+    replaced = []
     for item in overrides or []:
         key, value = parse_override(item)
-        _set_dotted(tree, key, value)
-    return build_config(tree)
+        seed_named_list(tree, key, Config)
+        replaced.append(apply_override(tree, key, value))
+    cfg = build_config(tree)
+    cfg._replaced_lists = tuple(note for note in replaced if note)
+    return cfg
 
 
 def _expand_preset(tree: dict[str, Any]) -> frozenset[str]:
@@ -347,7 +348,7 @@ def build_config(tree: dict[str, Any]) -> Config:
     """A validated Config from a tree: known keys, the preset expanded, field types, then the validation
     stages that need no data (names resolve, method declarations fit the settings)."""
     tree = copy.deepcopy(tree)
-    _check_keys(tree, Config)
+    check_keys(tree, Config)
     filled = _expand_preset(tree)
     try:
         cfg = Config.model_validate(tree)

@@ -1,26 +1,49 @@
 """Reading recipe files: YAML with a one-line error per syntax problem, `base:` inheritance chains,
-dotted `key=value` overrides. `lmrl.config` turns the resulting tree into a validated `Config`.
+dotted `key=value` overrides (a list of named entries is entered by name: `reward.components.answer.weight=0.5`).
+`lmrl.config` turns the resulting tree into a validated `Config`.
 """
 from __future__ import annotations
 
 import difflib
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from lmrl.errors import ConfigError
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 
 
+def _named(items: list, name: str, key: str) -> dict:
+    """The element of a list of named entries (`reward.components`) whose `name` is `name`."""
+    names = [item.get("name") for item in items if isinstance(item, dict)]
+    for item in items:
+        if isinstance(item, dict) and item.get("name") == name:
+            return item
+    near = difflib.get_close_matches(name, [str(n) for n in names], n=1, cutoff=0.5)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise ConfigError(f"{key}: the list has no entry named {name!r}; {hint}it has: "
+                      f"{', '.join(map(str, names)) or 'none'} (to add one, give the whole list)")
+
+
 def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    """Set `a.b.c` in `tree`. A part that meets a list of named entries selects the entry by its `name`:
+    `reward.components.answer.weight=0.5` changes that component and keeps the others as they are."""
     parts = key.split(".")
-    node = tree
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
+    node: Any = tree
+    for i, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            node = _named(node, part, ".".join(parts[:i]))
+        else:
+            node = node.setdefault(part, {})
+        if not isinstance(node, (dict, list)):
             raise ConfigError(f"{key}: {part!r} is not a section")
+    if isinstance(node, list):
+        raise ConfigError(f"{key}: {parts[-2]!r} is a list of named entries; set a field of one of them, e.g. "
+                          f"{key}.weight=0.5, or give the whole list as {'.'.join(parts[:-1])}=[...]")
     node[parts[-1]] = value
 
 
@@ -31,6 +54,113 @@ def _has_dotted(tree: dict, key: str) -> bool:
             return False
         node = node[part]
     return True
+
+
+def _get_dotted(tree: dict, key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _flow(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+
+
+def _entry(item: Any) -> str:
+    """A list entry in one short phrase: `answer{fallback: last_number}`, `format(weight: 0.5)`."""
+    if not isinstance(item, dict) or "name" not in item:
+        return _flow(item)
+    rest = {k: v for k, v in item.items() if k not in ("name", "params")}
+    params = _flow(item["params"]) if item.get("params") else ""
+    return f"{item['name']}{params}" + (f"({_flow(rest)[1:-1]})" if rest else "")
+
+
+def apply_override(tree: dict, key: str, value: Any) -> str | None:
+    """Set one dotted override; returns what it replaced when it swaps a list the recipe set for another
+    (entries not repeated in the new list lose their settings, so the run says so)."""
+    before = _get_dotted(tree, key)
+    _set_dotted(tree, key, value)
+    if not isinstance(before, list) or before == value:
+        return None
+    note = (f"{key}: override replaced the recipe's list [{', '.join(map(_entry, before))}] with "
+            f"[{', '.join(map(_entry, value)) if isinstance(value, list) else _entry(value)}]")
+    kept = [item["name"] for item in before if isinstance(item, dict) and "name" in item]
+    if kept:
+        note += f" (to change one entry and keep the others, name it: {key}.{kept[0]}.weight=0.5)"
+    return note
+
+
+def _section_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """(the section model a field holds, whether it holds a list of them): `X`, `X | None`, `list[X]`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    args = typing.get_args(annotation)
+    models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+    if typing.get_origin(annotation) is list and models:
+        return models[0], True
+    return (models[0], False) if models and type(None) in args else (None, False)
+
+
+def _all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every dotted key of the schema, sections' fields included."""
+    keys = []
+    for name, info in model.model_fields.items():
+        keys.append(prefix + name)
+        section, _ = _section_of(info.annotation)
+        if section is not None:
+            keys += _all_keys(section, f"{prefix}{name}.")
+    return keys
+
+
+def _unknown_key_hint(key: str, value: Any, model: type[BaseModel], prefix: str, schema: type[BaseModel]) -> str:
+    """The nearest valid key: a field of this section, a field named like a leaf under an unknown
+    section (`trainer.optim.lrr` → `trainer.lr`), or the same name in another section."""
+    fields = list(model.model_fields)
+    leaves = list(value) if isinstance(value, dict) else []
+    near = difflib.get_close_matches(key, fields, n=1, cutoff=0.5)
+    for leaf in [] if near else leaves:
+        near = difflib.get_close_matches(leaf, fields, n=1, cutoff=0.6)
+        if near:
+            break
+    if near:
+        return f"; did you mean '{prefix}{near[0]}'?"
+    elsewhere = [k for k in _all_keys(schema) if "." in k and k.rsplit(".", 1)[-1] in (key, *leaves)]
+    return f"; did you mean '{elsewhere[0]}'?" if elsewhere else f"; valid keys: {', '.join(fields)}"
+
+
+def check_keys(tree: dict, schema: type[BaseModel], model: type[BaseModel] | None = None, prefix: str = "") -> None:
+    """Reject unknown keys of `schema` (in sections and in lists of entries), naming the nearest valid one."""
+    model = model or schema
+    for key, value in tree.items():
+        fields = model.model_fields
+        if key not in fields:
+            hint = _unknown_key_hint(key, value, model, prefix, schema)
+            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
+        section, is_list = _section_of(fields[key].annotation)
+        if section is not None and not is_list and isinstance(value, dict):
+            check_keys(value, schema, section, f"{prefix}{key}.")
+        for i, item in enumerate(value if section is not None and is_list and isinstance(value, list) else []):
+            if isinstance(item, dict):
+                check_keys(item, schema, section, f"{prefix}{key}[{i}].")
+
+
+def seed_named_list(tree: dict, key: str, schema: type[BaseModel]) -> None:
+    """Before `reward.components.answer.weight=…` where the recipe leaves the list unset: the field's default."""
+    node: Any = tree
+    model: type[BaseModel] | None = schema
+    for part in key.split(".")[:-1]:
+        info = model.model_fields.get(part) if model is not None and isinstance(node, dict) else None
+        if info is None:
+            return
+        section, is_list = _section_of(info.annotation)
+        if is_list and part not in node:
+            default = info.get_default(call_default_factory=True)
+            node[part] = [item.model_dump(exclude_defaults=True) for item in default]
+            return
+        node, model = node.setdefault(part, {}), section
 
 
 def parse_override(item: str) -> tuple[str, Any]:

@@ -1,6 +1,7 @@
 """Errors a person can act on: one line naming the file, key or setting; a dry run that checks what a run would."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -73,3 +74,41 @@ def test_help_does_not_import_torch():
     code = "import sys, lmrl.cli; lmrl.cli.parser(); print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_dry_run_says_what_a_list_override_replaced(tiny_model_dir, tmp_path, capsys):
+    data = write_toy_task(tmp_path / "toy.jsonl")
+    common = [f"model.path={tiny_model_dir}", "task.name=jsonl", f"task.dataset={data}", "--dry-run"]
+    assert cli.main(["train", "quickstart", "reward.components=[{name: format}, {name: answer, weight: 0.5}]",
+                     *common]) == 0
+    err = capsys.readouterr().err
+    assert ("reward.components: override replaced the recipe's list [answer{fallback: last_number}] with "
+            "[format, answer(weight: 0.5)]") in " ".join(err.split())
+    assert cli.main(["train", "quickstart", "reward.components.answer.weight=0.5", *common]) == 0
+    captured = capsys.readouterr()
+    assert "replaced" not in captured.err
+    assert "  - name: answer\n    weight: 0.5\n    params:\n      fallback: last_number\n" in captured.out
+
+
+def test_a_list_entry_is_changed_by_name_and_a_wrong_name_is_refused():
+    cfg = load_config("quickstart", ["reward.components.answer.params.fallback=none"])
+    assert [(c.name, c.params) for c in cfg.reward.components] == [("answer", {"fallback": "none"})]
+    assert cfg.replaced_lists == ()
+    default = load_config(None, ["reward.components.answer.weight=2"])  # the default list, entered by name
+    assert [(c.name, c.weight) for c in default.reward.components] == [("answer", 2.0)]
+    with pytest.raises(ConfigError, match=r"reward.components: the list has no entry named 'anwser'; "
+                                          r"did you mean 'answer'\? it has: answer"):
+        load_config("quickstart", ["reward.components.anwser.weight=0.5"])
+    with pytest.raises(ConfigError, match=r"'components' is a list of named entries"):
+        load_config("quickstart", ["reward.components.answer=1"])
+
+
+@pytest.mark.parametrize("override, nearest", [
+    ("trainer.optim.lrr=1e-5", "trainer.lr"), ("reward.componets=[]", "reward.components"),
+    ("trainer.kl_coef=0.1", "algo.kl_coef"), ("model.lora.rr=8", "model.lora.r"),
+    ("reward.components=[{name: answer, wieght: 2}]", "reward.components[0].weight"),
+    ("trainer.stop_when=[{metrc: accuracy, above: 0.5}]", "trainer.stop_when[0].metric"),
+])
+def test_a_nested_unknown_key_names_the_nearest_valid_one(override, nearest):
+    with pytest.raises(ConfigError, match=rf"; did you mean '{re.escape(nearest)}'\?$"):
+        load_config("quickstart", [override])
