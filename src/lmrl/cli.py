@@ -122,7 +122,7 @@ def cmd_train(args) -> int:
     if args.dry_run:
         from lmrl.loops.setup import preflight
 
-        console.print(f"checked: {preflight(cfg)}", soft_wrap=True, highlight=False)
+        console.print(f"checked: {preflight(cfg, resume=resume)}", soft_wrap=True, highlight=False)
         print(config_to_yaml(cfg), end="")
         return 0
     from lmrl.loops import train

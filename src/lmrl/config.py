@@ -45,7 +45,8 @@ class TaskConfig(Section):
     prompt_field: str = "question"
     answer_field: str = "answer"
     num_train: int = Field(2000, ge=1)
-    num_eval: int = Field(100, ge=0)
+    # held-out rows; None: 10% of a dataset's rows, at most 100 (generated tasks: 100). docs/datasets.md
+    num_eval: int | None = Field(None, ge=0)
     seed: int = 0
     max_prompt_tokens: int = Field(512, ge=1)
     # each training prompt is also rolled out with each instruction appended (row field `prompt_variant`
@@ -247,6 +248,7 @@ class EvalConfig(Section):
 class RunConfig(Section):
     output_dir: str = "runs"
     name: str | None = None  # default: recipe name plus a timestamp
+    overwrite: bool = False  # a new run into a directory holding a run deletes that run first (docs/runs.md)
     checkpoint_every: int = Field(10, ge=0)  # 0: only at the end
     keep_checkpoints: int = Field(2, ge=1)
     progress: bool = True
@@ -372,7 +374,7 @@ def config_to_yaml(cfg: Config) -> str:
 # Settings that may change when a run is resumed: extending it, where and how often it reports and saves.
 # Checkpoints are device-independent, so where and how memory-frugally the learner runs may change too.
 RESUMABLE = ("trainer.steps", "trainer.threads", "trainer.device", "trainer.gradient_checkpointing", "rollout.vllm.",
-             "run.checkpoint_every", "run.keep_checkpoints", "run.progress", "run.trackers", "eval.")
+             "run.checkpoint_every", "run.keep_checkpoints", "run.progress", "run.trackers", "run.overwrite", "eval.")
 
 
 def resumable(key: str) -> bool:

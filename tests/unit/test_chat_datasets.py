@@ -51,7 +51,7 @@ def check_encoded(tok, rows):
 def test_jsonl_chat_prompts_go_through_the_chat_template(tmp_path):
     path = write_jsonl(tmp_path / "chat.jsonl", chat_records())
     cfg = build_config({"task": {"name": "jsonl", "dataset": str(path), "prompt_field": "prompt",
-                                 "system_prompt": SYSTEM, "num_eval": 2}})
+                                 "system_prompt": SYSTEM, "num_eval": 2}, "rollout": {"prompts_per_step": 4}})
     tok = make_tokenizer()
     train, held, _ = prepare_data(cfg, tok)
     assert len(train) == 4 and len(held) == 2
@@ -71,7 +71,7 @@ def test_hf_dataset_chat_prompts_from_save_to_disk(tmp_path):
 
     datasets.Dataset.from_list(chat_records()).save_to_disk(tmp_path / "ds2")
     cfg = build_config({"task": {"name": "hf_dataset", "dataset": str(tmp_path / "ds2"), "prompt_field": "prompt",
-                                 "system_prompt": SYSTEM, "num_eval": 2}})
+                                 "system_prompt": SYSTEM, "num_eval": 2}, "rollout": {"prompts_per_step": 4}})
     tok = make_tokenizer()
     train, held, _ = prepare_data(cfg, tok)
     assert len(train) == 4 and len(held) == 2

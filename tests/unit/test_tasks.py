@@ -48,7 +48,7 @@ def test_bad_jsonl_is_rejected(tmp_path, lines, match):
 
 
 def test_missing_dataset_file(tmp_path):
-    with pytest.raises(TaskError, match="no file"):
+    with pytest.raises(TaskError, match="task.dataset: no such file"):
         load_task(TaskConfig(name="jsonl", dataset=str(tmp_path / "nope.jsonl")))
 
 
@@ -73,3 +73,28 @@ def test_all_prompts_too_long_fails_before_the_model_loads(tmp_path):
     cfg = build_config({"task": {"name": "jsonl", "dataset": str(path), "max_prompt_tokens": 10, "num_eval": 1}})
     with pytest.raises(TaskError, match="max_prompt_tokens"):
         prepare_data(cfg, make_tokenizer())
+
+
+def test_rows_keep_the_dataset_field_names_and_the_gold_is_also_under_answer(tmp_path):
+    path = write(tmp_path, [json.dumps({"problem": f"what is {i}?", "target": i, "topic": "x"}) for i in range(4)])
+    data = load_task(TaskConfig(name="jsonl", dataset=str(path), prompt_field="problem", answer_field="target",
+                                num_eval=0))
+    row = data.train[0]
+    assert row["target"] == int(row["answer"]) and isinstance(row["target"], int)  # the original, as it was
+    assert row["problem"] == row["question"] and row["topic"] == "x"
+    kept, _ = encode_rows(make_tokenizer(), data.train, None, max_prompt_tokens=64)
+    assert kept[0]["target"] == row["target"]  # what a reward reads as sample.info["row"]
+
+
+def test_a_null_gold_answer_is_refused_with_its_line(tmp_path):
+    path = write(tmp_path, ['{"question": "a", "target": 1}', "", '{"question": "b", "target": null}'])
+    with pytest.raises(TaskError, match=r"d.jsonl:3: record 1 has no gold answer: field 'target' is null"):
+        load_task(TaskConfig(name="jsonl", dataset=str(path), answer_field="target", num_eval=0))
+
+
+def test_a_field_named_answer_that_is_not_the_gold_is_refused(tmp_path):
+    path = write(tmp_path, ['{"question": "a", "target": "1", "answer": "the long answer"}'])
+    with pytest.raises(TaskError, match=r"d.jsonl:1: record 0 has a field 'answer' .* task.answer_field='target'"):
+        load_task(TaskConfig(name="jsonl", dataset=str(path), answer_field="target", num_eval=0))
+    same = write(tmp_path, ['{"question": "a", "target": 1, "answer": "1"}'])
+    assert load_task(TaskConfig(name="jsonl", dataset=str(same), answer_field="target", num_eval=0)).train[0]["answer"] == "1"

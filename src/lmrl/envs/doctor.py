@@ -36,7 +36,7 @@ from lmrl.config import TaskConfig
 from lmrl.envs.doctor_cases import CASES
 from lmrl.envs.environment import ENVIRONMENTS, Step
 from lmrl.envs.simulated_user import SimulatedUser, load_local, mentioned_names, normalize
-from lmrl.envs.tasks import TASKS, TaskData, _split
+from lmrl.envs.tasks import TASKS, TaskData, split_rows
 from lmrl.learners.policy import selected_logprobs
 
 DOCTOR_SYSTEM = ("You are a doctor talking to a patient. Ask one short question per reply, starting with "
@@ -173,10 +173,11 @@ def case_row(index: int, case: tuple[str, str, list[tuple[str, str]]], n_options
             "options": sorted([*others, diagnosis]), "facts": [f for f, _ in facts], "keywords": [k.split() for _, k in facts]}
 
 
-@TASKS.register("doctor", "synthetic patient cases with hidden facts and a diagnosis to find (env.name: doctor)")
+@TASKS.register("doctor", "synthetic patient cases with hidden facts and a diagnosis to find (env.name: doctor)",
+                splits_rows=True)
 def doctor_task(cfg: TaskConfig) -> TaskData:
     n_options = int(cfg.params.get("options", 4))
-    return _split([case_row(i, case, n_options) for i, case in enumerate(CASES)], cfg, "doctor")
+    return split_rows([case_row(i, case, n_options) for i, case in enumerate(CASES)], cfg, "doctor")
 
 
 @ENVIRONMENTS.register("doctor", "ask a simulated patient, then diagnose; ProMed Shapley information-gain turn rewards")

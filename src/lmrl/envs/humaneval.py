@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lmrl.config import TaskConfig
-from lmrl.envs.tasks import TASKS, TaskData, TaskError, _split
+from lmrl.envs.tasks import TASKS, TaskData, TaskError, split_rows
 
 INSTRUCTION = "Complete the following Python function. Reply with the whole function in a ```python code block."
 FIELDS = ("task_id", "prompt", "test", "entry_point")
@@ -34,7 +34,8 @@ def _problems(dataset: str) -> list[dict]:
     return list(stream_jsonl(str(path)))
 
 
-@TASKS.register("humaneval", "HumanEval: 164 Python functions to complete, graded by their unit tests (code_tests)")
+@TASKS.register("humaneval", "HumanEval: 164 Python functions to complete, graded by their unit tests (code_tests)",
+                splits_rows=True)
 def humaneval_task(cfg: TaskConfig) -> TaskData:
     problems = _problems(cfg.dataset)
     instruction = cfg.params.get("instruction", INSTRUCTION)
@@ -46,4 +47,4 @@ def humaneval_task(cfg: TaskConfig) -> TaskData:
         rows.append({**{f: problem[f] for f in FIELDS}, "uid": problem["task_id"],
                      "question": humaneval_question(problem["prompt"], instruction),
                      "answer": problem.get("canonical_solution") or ""})
-    return _split(rows, cfg, "humaneval")
+    return split_rows(rows, cfg, "humaneval")

@@ -28,7 +28,7 @@ from typing import Any
 from lmrl.config import TaskConfig
 from lmrl.envs.environment import ENVIRONMENTS, Step
 from lmrl.envs.single_turn import prompt_messages
-from lmrl.envs.tasks import TASKS, TaskData, TaskError, _split
+from lmrl.envs.tasks import TASKS, TaskData, TaskError, split_rows
 from lmrl.envs.tools import CALL, ToolError, format_credit, parse_call
 from lmrl.rewards.functions import extract_answer
 from lmrl.rewards.judge_scoring import normalise_answer, token_f1
@@ -105,13 +105,14 @@ class BM25Index:
 
 
 @TASKS.register("search_qa", "questions over a search corpus (env.name: search); task.params.qa: a shipped "
-                              "corpus name (fictional_atlas) or a .jsonl of {question, answer, support}")
+                              "corpus name (fictional_atlas) or a .jsonl of {question, answer, support}",
+                splits_rows=True)
 def search_qa_task(cfg: TaskConfig) -> TaskData:
     """The corpus's questions with their gold answers and supporting passage ids, split after a seeded shuffle."""
     name = cfg.params.get("qa", "fictional_atlas")
     rows = [{**r, "uid": str(r.get("uid", i)), "answer": str(r["answer"])}
             for i, r in enumerate(read_jsonl(name, "_qa", needs=("question", "answer")))]
-    return _split(rows, cfg, f"search_qa:{name}")
+    return split_rows(rows, cfg, f"search_qa:{name}")
 
 
 @ENVIRONMENTS.register("search", "search a local corpus (BM25) with a tool in <tool_call> JSON tags, then answer; "

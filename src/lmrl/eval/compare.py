@@ -15,14 +15,14 @@ import base64
 import html
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from lmrl.eval.significance import Comparison, apply_holm, bootstrap, mean_interval, welch
+from lmrl.eval.significance import Comparison, apply_holm, bootstrap, mean_interval, pair_by_uid, welch
 from lmrl.eval.suite_report import figure, json_safe, latest_suite, load_suite
 
 CURVES = ("reward/mean", "accuracy", "eval/accuracy", "response_length/mean", "entropy/rollout", "kl")
@@ -111,8 +111,9 @@ def _shared(arms: list[Arm]) -> list[str]:
 
 
 def _pair(ref: Arm, arm: Arm, names: list[str], alpha: float, n_boot: int, seed: int,
-          intervals: dict[str, dict]) -> list[Comparison]:
-    """The tests of one arm against the reference, filling the arms' intervals where the method gives them."""
+          intervals: dict[str, dict], warnings: list[str]) -> list[Comparison]:
+    """The tests of one arm against the reference, filling the arms' intervals where the method gives them, and
+    `warnings` with what the pairing of their records by uid found (repeated uids, different prompts)."""
     values = {a.name: {m: float(np.mean([r.metrics[m] for r in a.runs])) for m in names} for a in (ref, arm)}
 
     def untestable(why: str) -> list[Comparison]:
@@ -129,6 +130,9 @@ def _pair(ref: Arm, arm: Arm, names: list[str], alpha: float, n_boot: int, seed:
     a, b = ref.runs[0], arm.runs[0]
     found: dict[str, Comparison] = {}
     for kind in sorted(a.units.keys() & b.units.keys()):
+        note = pair_by_uid(a.units[kind].records, b.units[kind].records).note
+        if note:
+            warnings.append(f"{arm.name} vs {ref.name} ({kind}): {note}")
         tests, ci_a, ci_b = bootstrap(a.units[kind].records, b.units[kind].records, a.units[kind].aggregate,
                                       alpha, n_boot, seed)
         for t in tests:
@@ -164,7 +168,9 @@ def compare(arms: list[Arm], alpha: float = 0.05, n_boot: int = 2000, seed: int 
             raise ValueError(f"metrics {unknown} are not reported by every run; shared: {', '.join(names)}")
         names = list(metrics)
     intervals: dict[str, dict] = {a.name: {} for a in arms}
-    pairs = [(arm.name, t) for arm in arms[1:] for t in _pair(arms[0], arm, names, alpha, n_boot, seed, intervals)]
+    warnings = _warnings(arms)
+    pairs = [(arm.name, t) for arm in arms[1:]
+             for t in _pair(arms[0], arm, names, alpha, n_boot, seed, intervals, warnings)]
     apply_holm([t for _, t in pairs], alpha)
     tests = [{"arm": name, **asdict(t)} for name, t in pairs]
     result = {
@@ -174,14 +180,15 @@ def compare(arms: list[Arm], alpha: float = 0.05, n_boot: int = 2000, seed: int 
                                   "low": intervals[a.name].get(m, (NAN, NAN))[0],
                                   "high": intervals[a.name].get(m, (NAN, NAN))[1]} for m in names}}
                  for a in arms],
-        "tests": tests, "warnings": _warnings(arms),
+        "tests": tests, "warnings": warnings,
     }
-    result["statement"] = statement(tests, alpha, arms[0].name)
+    result["statement"] = statement(tests, alpha, arms[0].name, warnings)
     return result
 
 
-def statement(tests: list[dict], alpha: float, reference: str) -> str:
-    """Plain words: which differences are significant at `alpha` after Holm, and which could not be tested."""
+def statement(tests: list[dict], alpha: float, reference: str, warnings: Sequence[str] = ()) -> str:
+    """Plain words: which differences are significant at `alpha` after Holm, which could not be tested, and the
+    warnings a reader must see with them (records paired by repeated uids, settings that differ)."""
     testable = [t for t in tests if math.isfinite(t["p"])]
     lines = []
     if testable:
@@ -199,6 +206,7 @@ def statement(tests: list[dict], alpha: float, reference: str) -> str:
     for reason in sorted({t["method"] for t in tests if not math.isfinite(t["p"])}):
         which = [f"{t['arm']} {t['metric']}" for t in tests if not math.isfinite(t["p"]) and t["method"] == reason]
         lines.append(f"Not tested ({reason}): {', '.join(which)}.")
+    lines += [f"Warning: {w}" for w in warnings]
     return "\n".join(lines)
 
 

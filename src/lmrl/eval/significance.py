@@ -6,8 +6,10 @@ comparison the project states uses one definition of "significant" (docs/eval.md
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -121,22 +123,58 @@ Aggregate = Callable[[list[dict]], dict[str, float]]
 Intervals = dict[str, tuple[float, float]]
 
 
+@dataclass
+class Pairing:
+    """How two arms' records pair: `order[i]` is the index in the other arm of reference record i (None: the
+    arms are resampled separately); `note` says what a reader must know ('' for unique uids paired)."""
+
+    order: list[int] | None
+    note: str
+
+
+def pair_by_uid(reference: list[dict], other: list[dict]) -> Pairing:
+    """Pair records by `uid`; a uid that repeats pairs by (uid, occurrence): its k-th record in one arm with
+    its k-th in the other (the same held-out list evaluated twice keeps its order). Arms graded on different
+    prompts, or records without a uid, are not paired, and the note says so."""
+    uids_a, uids_b = [r.get("uid") for r in reference], [r.get("uid") for r in other]
+    if None in uids_a or None in uids_b:
+        return Pairing(None, "not paired: some records have no uid")
+    counts = Counter(uids_a)
+    repeated = {u: c for u, c in counts.items() if c > 1}
+    repeats = ""
+    if repeated:
+        shown = ", ".join(f"{u!r} ({c} times)" for u, c in list(repeated.items())[:3])
+        repeats = (f"{len(repeated)} uid{'s' if len(repeated) > 1 else ''} repeat{'' if len(repeated) > 1 else 's'} "
+                   f"({shown}{', …' if len(repeated) > 3 else ''})")
+    if counts != Counter(uids_b):
+        return Pairing(None, "not paired: the arms were graded on different prompts (their uids differ)"
+                             + (f"; {repeats}" if repeats else ""))
+    slots: dict[Any, list[int]] = {}
+    for j, u in enumerate(uids_b):
+        slots.setdefault(u, []).append(j)
+    seen: Counter = Counter()
+    order = []
+    for u in uids_a:
+        order.append(slots[u][seen[u]])
+        seen[u] += 1
+    return Pairing(order, f"{repeats}: paired by (uid, occurrence)" if repeats else "")
+
+
 def bootstrap(reference: list[dict], other: list[dict], aggregate: Aggregate, alpha: float = 0.05,
               n_boot: int = 2000, seed: int = 0) -> tuple[list[Comparison], Intervals, Intervals]:
     """Bootstrap over prompts of every metric `aggregate` computes from per-prompt records.
 
-    Records with the same `uid` sets in both arms are resampled together (paired), otherwise each
-    arm separately. Interval: percentiles of the resampled difference; p-value: the share of
-    resampled differences at least as far from the observed one as the observed one is from 0,
-    (1 + #{|Δ* − Δ| >= |Δ|}) / (B + 1). Returns the tests and each arm's percentile interval.
+    Records that `pair_by_uid` pairs are resampled together (paired), otherwise each arm separately;
+    the method names what was done, with the pairing's note. Interval: percentiles of the resampled
+    difference; p-value: the share of resampled differences at least as far from the observed one as
+    the observed one is from 0, (1 + #{|Δ* − Δ| >= |Δ|}) / (B + 1). Returns the tests and each arm's
+    percentile interval.
     """
     rng = np.random.default_rng(seed)
-    uids_a = [r.get("uid") for r in reference]
-    by_uid = {r.get("uid"): r for r in other}
-    paired = (None not in uids_a and len(set(uids_a)) == len(uids_a) == len(other)
-              and set(uids_a) == set(by_uid))
+    pairing = pair_by_uid(reference, other)
+    paired = pairing.order is not None
     if paired:
-        other = [by_uid[u] for u in uids_a]
+        other = [other[j] for j in pairing.order]
     point_a, point_b = aggregate(reference), aggregate(other)
     names = [m for m in point_a if m in point_b]
     reps_a, reps_b = {m: [] for m in names}, {m: [] for m in names}
@@ -147,7 +185,8 @@ def bootstrap(reference: list[dict], other: list[dict], aggregate: Aggregate, al
         for m in names:
             reps_a[m].append(ra.get(m, float("nan")))
             reps_b[m].append(rb.get(m, float("nan")))
-    method = "paired bootstrap over prompts" if paired else "bootstrap over prompts"
+    method = ("paired bootstrap over prompts" if paired else "bootstrap over prompts") + (
+        f" ({pairing.note})" if pairing.note else "")
     tests, ci_a, ci_b = [], {}, {}
     q = [100 * alpha / 2, 100 * (1 - alpha / 2)]
     for m in names:

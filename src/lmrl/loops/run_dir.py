@@ -1,10 +1,14 @@
 """The run directory: resolved config, metrics as JSON lines, sample completions, recorded rollouts
-(`run.save_rollouts`), checkpoints."""
+(`run.save_rollouts`), checkpoints.
+
+A new run never writes into a directory that holds another run: that is an error naming `--resume` and
+`run.overwrite=true`, which deletes the old run before the new one starts (docs/runs.md)."""
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,52 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+# what a run writes in its directory (lmrl eval and lmrl report add eval/ and report.html; trackers their folders)
+RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "checkpoints", "eval", "report.html",
+               "tensorboard", "wandb", "mlflow")
+
+
+def run_entries(path: Path) -> list[str]:
+    """The files and folders of a run that `path` holds (none: no run is there; other files do not count)."""
+    return [name for name in RUN_ENTRIES if (path / name).exists()] if path.is_dir() else []
+
+
+def run_dir_for(cfg: Config) -> Path:
+    """Where a new run of `cfg` writes, refused when that directory holds a run and `run.overwrite` is not set.
+
+    An unnamed run gets the recipe and a timestamp, with a `-2`, `-3`, … suffix when that name is taken."""
+    root = Path(cfg.run.output_dir)
+    if cfg.run.name is None:
+        base = f"{cfg.recipe or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
+        path, n = root / base, 1
+        while path.exists():
+            n += 1
+            path = root / f"{base}-{n}"
+        return path
+    path = root / cfg.run.name
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"run directory {path} is a file; choose another run.name or run.output_dir")
+    held = run_entries(path)
+    if held and not cfg.run.overwrite:
+        raise FileExistsError(f"run directory {path} already holds a run ({', '.join(held)}): continue it with "
+                              f"`lmrl train --resume {path}`, start it over with run.overwrite=true (deletes that "
+                              "run), or choose another run.name")
+    return path
+
+
+def remove_run(path: Path) -> None:
+    """Delete the run at `path` (its `RUN_ENTRIES`; other files stay): each entry is renamed into a hidden
+    folder first (atomic), so nothing of the old run is left to mix with the new one, even when a kill stops
+    the deletion halfway (what is left is still refused, or removed by the next overwrite)."""
+    for left in path.glob(".overwritten-*"):  # a deletion a killed process left halfway
+        shutil.rmtree(left, ignore_errors=True)
+    aside = path / f".overwritten-{os.getpid()}"
+    aside.mkdir()
+    for name in run_entries(path):
+        os.replace(path / name, aside / name)
+    shutil.rmtree(aside)
 
 
 class RunDir:
@@ -36,8 +86,11 @@ class RunDir:
 
     @staticmethod
     def new(cfg: Config) -> "RunDir":
-        name = cfg.run.name or f"{cfg.recipe or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
-        return RunDir(Path(cfg.run.output_dir) / name)
+        """The directory of a new run of `cfg` (`run_dir_for`), emptied first with `run.overwrite`."""
+        path = run_dir_for(cfg)
+        if cfg.run.overwrite and run_entries(path):
+            remove_run(path)
+        return RunDir(path)
 
     def write_config(self, cfg: Config) -> None:
         """Write the run's config; it also decides whether the rollouts are recorded."""

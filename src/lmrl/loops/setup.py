@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -14,6 +15,9 @@ from lmrl.data import GROUP_FILTERS, build_sampler, sample_source
 from lmrl.data.probe import bind_probe
 from lmrl.engines import SamplingParams, build_engine, sampling_params
 from lmrl.envs import prepare_data
+from lmrl.envs.prepare import check_rows_for_a_step, encode_task
+from lmrl.envs.tasks import TaskData, load_task
+from lmrl.loops.run_dir import run_dir_for
 from lmrl.learners import Learner
 from lmrl.validation import check_names, check_row_fields
 from lmrl.models import load_model, load_tokenizer, resolve_model_path
@@ -43,19 +47,21 @@ class Stages:
     parallel: Parallel = field(default_factory=Parallel)  # this process's rank in a data-parallel run
 
 
-def preflight(cfg: Config, rows: int = 16) -> str:
-    """What a real run would check before training, without loading weights: names, the device, the model
-    directory and tokenizer, and the first `rows` task rows encoded with the fields the config names."""
+def preflight(cfg: Config, rows: int = 16, resume: Path | None = None) -> str:
+    """What a real run would check before training, without loading weights: names, the run directory (a new
+    run may not write into another's; `resume`: the run continued), the device, the model directory and
+    tokenizer, the split's counts, and the first `rows` training rows encoded with the fields the config names."""
     check_names(cfg)
+    where = "resumed" if resume is not None else run_dir_for(cfg)
     device = resolve_device(cfg.trainer.device)
     path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(path)
-    small = cfg.model_copy(update={"task": cfg.task.model_copy(update={
-        "num_train": min(cfg.task.num_train, rows), "num_eval": min(cfg.task.num_eval, 1)})})
-    train, _, _ = prepare_data(small, tokenizer)
+    task = load_task(cfg.task)
+    check_rows_for_a_step(cfg, len(task.train), task)
+    train, _, _ = encode_task(cfg, tokenizer, TaskData(task.train[:rows], task.eval[:1]))
     check_row_fields(cfg, train)
-    return (f"model {path} on {device}; task {cfg.task.name}: first {len(train)} training rows load with fields "
-            f"{sorted(train[0])}")
+    return (f"model {path} on {device}; task {cfg.task.name}: {task.summary()}; the first {len(train)} training rows "
+            f"load with fields {sorted(train[0])}; run directory {where}")
 
 
 def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
@@ -68,10 +74,14 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
     """
     check_names(cfg)
     device = resolve_device(cfg.trainer.device)
+    parallel = data_parallel(cfg)
     if tokenizer is None:
         path = resolve_model_path(cfg.model.path)
         tokenizer = load_tokenizer(path)
-    train, held, notes = prepare_data(cfg, tokenizer)
+    task = load_task(cfg.task)
+    train, held, notes = prepare_data(cfg, tokenizer, task)
+    if cfg.run.progress and parallel.is_main:
+        print(f"data: {TaskData(train, held, task.held_out_from).summary()}", flush=True)
     check_row_fields(cfg, train)
     sampler = build_sampler(cfg, train)
     torch.manual_seed(cfg.trainer.seed)
@@ -83,7 +93,6 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
     bf16 = resolve_bf16(cfg.trainer.bf16, device)
     if bf16 and is_peft(model):
         frozen_base_in_bf16(model)
-    parallel = data_parallel(cfg)
     engine = build_engine(cfg, model, tokenizer)
     if parallel.world_size > 1:
         engine = ShardedRollouts(engine, parallel)

@@ -38,10 +38,15 @@ LEGACY_WEIGHTS = ["pytorch_model*.bin"]  # fetched only when a repo has no safet
 SUBFOLDERS = ["*/*"]  # original/, onnx/, gguf/ ...: not needed by transformers
 
 
+# a file suffix: a dot and 1-5 letters at the end (hub ids end in versions and sizes: -v1.0, 2.5-0.5B, -3.1-8B)
+FILE_SUFFIX = re.compile(r"\.[A-Za-z]{1,5}$")
+
+
 def is_hub_id(name: str) -> bool:
-    """Whether `name` reads as a hub repo id (``org/name`` or ``name``) rather than a local path."""
+    """Whether `name` reads as a hub repo id (``org/name`` or ``name``) rather than a local path: a path starts
+    with ``.``, ``/`` or ``~``, has more than one ``/``, or ends in a file suffix (``data.jsnl``, ``model.pt``)."""
     return (bool(HUB_ID.match(name)) and "--" not in name and ".." not in name
-            and not name.lower().endswith(LOCAL_SUFFIXES))
+            and not name.lower().endswith(LOCAL_SUFFIXES) and not FILE_SUFFIX.search(name))
 
 
 def _env_true(name: str) -> bool:
@@ -151,6 +156,10 @@ def resolve_model_path(path: str | os.PathLike) -> Path:
         return convert_gguf(candidate, lmrl_home() / "models" / f"gguf-{digest[:16]}", digest)
     if not candidate.exists() and not isinstance(path, Path) and is_hub_id(str(path)):
         return resolve_hub_model(str(path))
+    if not candidate.exists():
+        raise FileNotFoundError(f"model {str(path)!r}: no such file or directory ({candidate.absolute()}); a model "
+                                "argument is a transformers directory containing config.json, a .gguf file, a Hugging "
+                                "Face hub id (org/name), or \"default\" (the embedded SmolLM2-135M-Instruct)")
     raise FileNotFoundError(
         f"model {str(path)!r} not found: expected a transformers directory containing config.json, "
         "a .gguf file, a Hugging Face hub id (org/name), or \"default\" (the embedded SmolLM2-135M-Instruct)."
