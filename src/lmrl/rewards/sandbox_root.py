@@ -2,7 +2,7 @@
 
 The code's root holds only what running Python needs, read-only: the shared libraries (`/usr/lib`,
 `/lib`…), the interpreter's executable and its library directory (the standard library), with every
-`site-packages`/`dist-packages` directory in them hidden under an empty tmpfs, and the packages a
+`site-packages`/`dist-packages` directory in them (any interpreter's) hidden under an empty tmpfs, and the packages a
 task declares, under `/packages`. The working directory (`/sandbox`), `/tmp` and `/dev/shm` are
 private tmpfs; `/proc` is the pid namespace's own; `/dev` holds only null, zero, full, random,
 urandom and tty. The host's home, project, virtualenvs, datasets and caches do not exist there, so
@@ -18,7 +18,6 @@ unprivileged in a new user namespace and the code keeps the caller's uid.
 from __future__ import annotations
 
 import functools
-import glob
 import importlib.util
 import json
 import os
@@ -30,7 +29,7 @@ WORKDIR = "/sandbox"  # the code's cwd and HOME, a private tmpfs
 PACKAGES_DIR = "/packages"  # where declared packages are bound (appended to sys.path)
 SYSTEM_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/usr/share/zoneinfo")
 TOP_LEVEL_LIBS = ("/lib", "/lib64", "/lib32", "/libx32")  # symlinks into /usr on merged-/usr systems
-SITE_GLOBS = ("python*/site-packages", "python*/dist-packages")
+SITE_DIRS = ("site-packages", "dist-packages")  # hidden wherever they are in the bound trees
 NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
 
 _PROBE = r'''
@@ -61,6 +60,16 @@ def _inside(path: str, roots) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
+def _site_dirs(root: str) -> list[str]:
+    """Every site-packages/dist-packages directory under `root` (any interpreter's: a bundled
+    Python in /usr/lib has its own), not descending into them nor following symlinks."""
+    found = []
+    for path, dirs, _ in os.walk(root):
+        found += [os.path.join(path, d) for d in dirs if d in SITE_DIRS]
+        dirs[:] = [d for d in dirs if d not in SITE_DIRS]
+    return found
+
+
 @functools.lru_cache(maxsize=None)
 def layout(python: str) -> Layout:
     """The base interpreter behind `python` (a virtualenv's is its base: the venv itself is never
@@ -76,9 +85,7 @@ def layout(python: str) -> Layout:
         real = os.path.realpath(path) if path else ""
         if real and os.path.exists(real) and real != "/" and not _inside(real, binds):
             binds = [b for b in binds if not _inside(b, [real])] + [real]
-    masks = sorted({os.path.realpath(site) for root in binds if os.path.isdir(root)
-                    for pattern in SITE_GLOBS for site in glob.glob(os.path.join(root, pattern))
-                    if os.path.isdir(site)})
+    masks = sorted(site for root in binds if os.path.isdir(root) for site in _site_dirs(root))
     stdlib = tuple(sorted({os.path.realpath(info[k]) for k in ("stdlib", "platstdlib")}))
     return Layout(info["executable"], tuple(binds), tuple(masks), stdlib)
 
