@@ -19,8 +19,8 @@ rollout batch of prompts × group completions.
 
 Measured per step: wall time of the step (rollout + update, from the start of the step to the end of
 the optimiser step; logging and checkpointing are outside), generated tokens (EOS included, both
-sides), tokens / step time, tokens / rollout time (lmrl: `timing/rollout_s`, i.e. generation,
-decoding and rewards; TRL: its `_generate` + `_calculate_rewards`, the same work), and the RSS
+sides), tokens / step time, tokens / rollout time (lmrl: `timing/rollout_s` + `timing/reward_s`, i.e.
+generation, decoding and rewards; TRL: its `_generate` + `_calculate_rewards`, the same work), and the RSS
 high-water mark of each child at the end of its last measured step.
 
 Protocol between parent and child (internal): the child writes one JSON object per line, prefixed
@@ -170,7 +170,8 @@ def child_lmrl(spec: dict) -> None:
         def update(self, step, m):
             super().update(step, m)
             chan.send(event="step", side="lmrl", step=step, step_s=m["timing/step_s"],
-                      rollout_s=m["timing/rollout_s"], tokens=round(m["tokens_per_s"] * m["timing/rollout_s"]),
+                      rollout_s=m["timing/rollout_s"] + m.get("timing/reward_s", 0.0),
+                      tokens=round(m["tokens_per_s"] * m["timing/rollout_s"]),
                       reward=m.get("reward/mean"), accuracy=m.get("accuracy"),
                       uids=step_uids[-1] if step_uids else [], rss_mib=peak_rss_mib())
             chan.wait()
@@ -179,7 +180,8 @@ def child_lmrl(spec: dict) -> None:
     result = sync.train(cfg, stages=stages)
     # the numbers of record are those lmrl itself logged to metrics.jsonl
     rows = [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    steps = [{"step": r["step"], "step_s": r["timing/step_s"], "rollout_s": r["timing/rollout_s"],
+    steps = [{"step": r["step"], "step_s": r["timing/step_s"],
+              "rollout_s": r["timing/rollout_s"] + r.get("timing/reward_s", 0.0),
               "tokens": round(r["tokens_per_s"] * r["timing/rollout_s"]),
               "tokens_from_mean_length": r["response_length/mean"] * spec["prompts"] * spec["group"],
               "reward": r.get("reward/mean"), "accuracy": r.get("accuracy"), "inert_rows": r.get("inert_rows")}
@@ -550,7 +552,8 @@ def summarise(rounds: list[dict], spec: dict, names: list[str]) -> tuple[str, di
     lines.append("Ratios are lmrl / TRL: below 1 is better for step time and memory, above 1 for tokens/s. "
                  "Generated tokens include the EOS token on both sides; sampling differs between the sides, so "
                  "tokens per step differ and tokens/s is the like-for-like throughput. Rollout time is lmrl's "
-                 "`timing/rollout_s` (generation, decoding, rewards) and TRL's `_generate` + `_calculate_rewards`.")
+                 "`timing/rollout_s` + `timing/reward_s` (generation, decoding, rewards) and TRL's `_generate` + "
+                 "`_calculate_rewards`.")
     lines.append("")
     lines.append("Per measured step (s / tokens):")
     lines.append("")

@@ -45,8 +45,9 @@ def user_run(tmp_path, *overrides: str) -> tuple[int, str]:
     return cli.main(["train", str(tmp_path / "run.yaml"), *overrides]), name
 
 
-def test_a_broken_reward_stops_the_run_with_a_one_line_error(tmp_path, capsys):
-    code, name = user_run(tmp_path)
+@pytest.mark.parametrize("loop", [[], ["rollout.max_staleness=0"]], ids=["sync", "async"])
+def test_a_broken_reward_stops_the_run_with_a_one_line_error(tmp_path, capsys, loop):
+    code, name = user_run(tmp_path, *loop)
     out, err = capsys.readouterr()
     assert code == 2
     path = tmp_path / "my_rewards.py"
@@ -79,6 +80,7 @@ def test_on_a_pipe_each_step_and_evaluation_is_a_plain_line_on_stderr(tmp_path, 
     out, err = capsys.readouterr()
     assert out == ""  # one stream for the whole run: stderr
     lines = err.splitlines()
+    lines = lines[next(i for i, ln in enumerate(lines) if ln.startswith("eval step 0")):]  # after the data summary
     number = r"\d+\.\d+"
     assert re.fullmatch(rf"eval step 0  0/4 rows generated  {number}s", lines[0])
     assert re.fullmatch(rf"eval step 0  acc {number}  excluded 0/4  {number}s", lines[2])

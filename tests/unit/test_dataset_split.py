@@ -116,4 +116,4 @@ def test_a_run_prints_both_counts_at_its_start(tmp_path, capsys):
                                  "system_prompt": None},
                         "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4}})
     build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
-    assert "data: 36 training rows, 4 held out (10% of the 40 rows" in capsys.readouterr().out
+    assert "data: 36 training rows, 4 held out (10% of the 40 rows" in capsys.readouterr().err  # run output: stderr

@@ -188,14 +188,15 @@ def run_async_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) ->
         with progress:
             for step in range(start + 1, cfg.trainer.steps + 1):
                 rollout = producer.take(step)
+                s.scorer.check_error_rate(rollout.metrics, step)  # the whole batch, or its first chunk
                 t1 = time.perf_counter()
                 threads = apply_threads(cfg.trainer.threads)
                 if rollout.chunks == 1:
                     learned, stream = learn(s, rollout.kept, step), {}
                 else:
                     rollout, learned, stream = learn_streamed(s, producer, rollout)
+                    s.scorer.check_error_rate(rollout.metrics, step)
                 metrics = {**rollout.metrics, **rollout_metrics(rollout.seen, cfg.reward.accuracy_component)}
-                s.scorer.check_error_rate(metrics, step)
                 metrics.update(learned if learned is not None else {"skipped_updates": 1.0})
                 producer.publish(step, s.model)
                 step_s, waited = time.perf_counter() - last_end, t1 - last_end + stream.get("async/stream_wait_s", 0.0)

@@ -1,6 +1,8 @@
 """Assembles the stages of a run from its Config: data first (fails fast), then the model."""
 from __future__ import annotations
 
+import sys
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -81,7 +83,7 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
     task = load_task(cfg.task)
     train, held, notes = prepare_data(cfg, tokenizer, task)
     if cfg.run.progress and parallel.is_main:
-        print(f"data: {TaskData(train, held, task.held_out_from).summary()}", flush=True)
+        print(f"data: {TaskData(train, held, task.held_out_from).summary()}", file=sys.stderr, flush=True)
     check_row_fields(cfg, train)
     sampler = build_sampler(cfg, train)
     torch.manual_seed(cfg.trainer.seed)
