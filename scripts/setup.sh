@@ -2,6 +2,16 @@
 # Create .venv with lmrl and its dependencies (CPU PyTorch) and the embedded default model's wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# bubblewrap gives the code sandbox its private filesystem (docs/rewards/code_tests.md); without it the
+# sandbox falls back to the host's filesystem, with a warning
+if ! command -v bwrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get install -y -q bubblewrap || { apt-get update -q && apt-get install -y -q bubblewrap; } \
+      || echo "setup: could not install bubblewrap; the code sandbox will fall back (see docs/rewards/code_tests.md)" >&2
+  else
+    echo "setup: install bubblewrap (e.g. sudo apt-get install bubblewrap) for the code sandbox's private filesystem" >&2
+  fi
+fi
 python3 -m venv .venv
 . .venv/bin/activate
 pip install -q --upgrade pip
