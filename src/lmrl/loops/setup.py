@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
