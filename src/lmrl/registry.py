@@ -122,6 +122,17 @@ def check_knobs(target: Callable, knobs: dict[str, Any], owner: str, passed: int
         raise KnobError(f"{owner} needs the param(s) {', '.join(map(repr, missing))}, which are not set")
 
 
+def redefines(old: object, new: object) -> bool:
+    """Whether registering `new` where `old` is may replace it: the same object again, or the same definition
+    run again (same module and qualified name: a notebook cell or a module executed twice). Lambdas, which
+    share the qualified name `<lambda>`, are never taken for one another."""
+    if new is old:
+        return True
+    module, qualname = getattr(new, "__module__", None), getattr(new, "__qualname__", None)
+    return (qualname is not None and "<lambda>" not in qualname
+            and (module, qualname) == (getattr(old, "__module__", None), getattr(old, "__qualname__", None)))
+
+
 class Registry(Generic[T]):
     """A named table of implementations with a one-line description each.
 
@@ -145,8 +156,10 @@ class Registry(Generic[T]):
         spec = self._declaration(name, declaration)
 
         def add(obj: T) -> T:
-            if name in self._items:
-                raise ValueError(f"{self.kind} {name!r} is already registered")
+            if name in self._items and not redefines(self._items[name], obj):
+                old = self._items[name]
+                where = f"{getattr(old, '__module__', '?')}.{getattr(old, '__qualname__', type(old).__name__)}"
+                raise ValueError(f"{self.kind} {name!r} is already registered (by {where}); choose another name")
             self._add(name, obj, description, spec)
             return obj
 
@@ -212,6 +225,10 @@ class Registry(Generic[T]):
     def check_knobs(self, name: str, knobs: dict[str, Any], passed: int = 0, **binding: Any) -> None:
         """`check_knobs` for entry `name` (a registered class is bound through its constructor)."""
         check_knobs(self.get(name), knobs, f"{self.kind} {name!r}", passed, **binding)
+
+    def name_of(self, obj: object) -> str | None:
+        """The name `obj` itself is registered under (None if it is not): a Python object passed in place of a name."""
+        return next((n for n, v in self._items.items() if v is obj), None)
 
     def describe(self, name: str) -> str:
         return self._docs[name]
