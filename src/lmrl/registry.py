@@ -16,6 +16,9 @@ the current directory; the file's own directory is put on `sys.path` so it can i
 to its signature as its caller will call it, so a misspelt knob fails at config time with the nearest
 valid name instead of raising on every call at run time. A catch-all named `**_` takes the arguments
 a caller hands to every entry and ignores them: a knob only it would take is unknown.
+
+Registering a taken name is refused unless it is the same object, or the same definition run again
+(same module and qualified name: a notebook cell or a module executed a second time), which replaces it.
 """
 from __future__ import annotations
 
