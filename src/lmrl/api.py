@@ -3,7 +3,7 @@
     import lmrl
     cfg = lmrl.recipe("quickstart", trainer__steps=5)
     result = lmrl.train(cfg, dataset=rows, rewards=[my_reward, ("format", 0.2)])
-    result.metrics[-1]["reward/mean"], result.eval_after["eval/accuracy"]
+    result.metric("reward/mean"), result.eval_after["eval/accuracy"]
 
 Every call goes through what the command line uses: `recipe` reads a recipe with its bases and
 applies overrides like `lmrl train` (then the preset, then every config check); `train` runs
