@@ -159,8 +159,9 @@ def command(python: str, identity: tuple[int, int] | None, size_mb: int, package
     else:
         args += ["--unshare-user", "--disable-userns"]
     size = str(max(size_mb, 1) << 20)
-    for parent in _parents([dest for _, dest in binds] + [WORKDIR]):
-        if not _inside(parent, [b for b, _ in binds]):
+    dests = [dest for _, dest in binds]
+    for parent in _parents([*dests, WORKDIR]):
+        if not _inside(parent, dests):
             args += ["--perms", "0755", "--dir", parent]
     for top in TOP_LEVEL_LIBS:
         if os.path.islink(top):
