@@ -78,3 +78,15 @@ def test_on_a_terminal_the_bar_shows_the_error_share_and_no_plain_lines():
         out.update(1, {**METRICS, "reward_error_share": 0.25})
     shown = tty.getvalue()
     assert "errors 25%" in shown and "reward 0.410" in shown and "step 1/5" not in shown
+
+
+def test_on_a_terminal_the_first_evaluation_shows_a_bar_before_training_starts():
+    tty = Pipe(tty=True)
+    out = StepProgress(5, 0, stream=tty)
+    with out.evaluation(0) as shown:
+        shown.advance(0, 8)
+        shown.advance(8, 8)
+        shown.finish({"eval/accuracy": 0.25, "eval/excluded": 0.0, "eval/num_prompts": 8.0})
+    shown_text = tty.getvalue()
+    assert "eval step 0" in shown_text and "8/8" in shown_text and "acc 0.250  excluded 0/8" in shown_text
+    assert not out.progress.live.is_started  # stopped again: the training bar starts on its own
