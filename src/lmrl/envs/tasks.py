@@ -19,7 +19,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from lmrl.config import TaskConfig
 from lmrl.registry import Registry
@@ -212,9 +212,9 @@ def reasoning_gym_task(cfg: TaskConfig) -> TaskData:
     return TaskData(train, held, "generated apart, none of the training questions")
 
 
-def text_lines(path: Path) -> list[tuple[int, str]]:
-    """The non-blank lines of a UTF-8 text file with their numbers; invalid UTF-8 names the file, line and byte."""
-    out = []
+def text_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """The non-blank lines of a UTF-8 text file with their numbers, read one at a time; invalid UTF-8 names the
+    file, the line and the byte."""
     with path.open("rb") as f:
         for n, raw in enumerate(f, 1):
             try:
@@ -223,8 +223,7 @@ def text_lines(path: Path) -> list[tuple[int, str]]:
                 raise TaskError(f"{path}:{n}: not valid UTF-8 (byte 0x{raw[err.start]:02x} at column "
                                 f"{err.start + 1}); save the file as UTF-8") from None
             if line.strip():
-                out.append((n, line))
-    return out
+                yield n, line
 
 
 def _read_jsonl(path: Path, key: str) -> tuple[list[Any], list[int]]:
@@ -287,7 +286,7 @@ def _hf_rows(name: str, key: str, cfg: TaskConfig, split: str, uid_prefix: str =
         if split != "train":
             raise TaskError(f"{path}: a data file has one split, so there is no split {split!r}; give the held-out "
                             "rows their own file with task.params.eval_dataset")
-        if path.stat().st_size == 0 or (kind != "parquet" and not text_lines(path)):
+        if path.stat().st_size == 0 or (kind != "parquet" and not sum(1 for _ in text_lines(path))):
             raise TaskError(f"{path}: the file is empty")
         try:
             ds = datasets.load_dataset(kind, data_files=str(path), split="train")
