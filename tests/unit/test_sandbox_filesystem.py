@@ -82,6 +82,12 @@ READS = {
                               "f = os.open({path!r}.lstrip('/'), os.O_RDONLY, dir_fd=fd)\nprint('READ:' + os.read(f, 64).hex())",
     "dir_fd_of_parent_dir": "import os\nfd = os.open(os.path.dirname({path!r}), os.O_RDONLY | os.O_DIRECTORY)\n"
                             "f = os.open(os.path.basename({path!r}), os.O_RDONLY, dir_fd=fd)\nprint('READ:' + os.read(f, 64).hex())",
+    "scandir_down_descriptors": "import os\nfd = os.open('/', os.O_RDONLY | os.O_DIRECTORY)\n"
+                                "for part in {path!r}.strip('/').split('/')[:-1]:\n"
+                                "    print('LIST', sorted(e.name for e in os.scandir(fd)))\n"
+                                "    fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)\n"
+                                "f = os.open(os.path.basename({path!r}), os.O_RDONLY, dir_fd=fd)\n"
+                                "print('READ:' + os.read(f, 64).hex())",
     "hardlink": "import os\nos.link({path!r}, 'h')\nprint('READ:' + open('h', 'rb').read()[:64].hex())",
     "mount_sources_from_mountinfo": "import os\ntext = open('/proc/self/mountinfo').read()\nprint('MOUNTINFO', len(text) > 0)\n"
                                     "for line in text.splitlines():\n    root, point = line.split()[3:5]\n"
