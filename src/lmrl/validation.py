@@ -260,7 +260,7 @@ def _knob_sites(cfg: Config) -> list[tuple[str, Any, str, dict, dict]]:
          {"passed": 1, "supplied": RUN_ARGUMENTS[1:]}),
         ("algo.loss_params", LOSSES, a.loss, a.loss_params,
          {"passed": 1, "supplied": ("eps_low", "eps_high", "dual_clip"), "complete": False,
-          "consumed": state_knobs(LOSSES.spec(a.loss))}),
+          "consumed": INPUT_KNOBS | set(state_knobs(LOSSES.spec(a.loss)))}),
         ("algo.advantage_params", ADVANTAGES, a.advantage, a.advantage_params,
          {"passed": 3, "complete": False, "consumed": INPUT_KNOBS | set(state_knobs(ADVANTAGES.spec(a.advantage)))}),
     ]
