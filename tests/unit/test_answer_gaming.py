@@ -76,6 +76,8 @@ ATTEMPTS = [
     ("the gold struck out", "Answer: ~~{G}~~ {G1}"),
     ("only the gold, struck out", "Answer: ~~{G}~~"),
     ("a list across lines", "Answer: {G}\n{G1}"),
+    ("approximately the gold", "Answer: ~{G}"),
+    ("approximately the gold, \u2248", "Answer: \u2248{G}"),
 ]
 
 CORRECT = [

@@ -86,7 +86,7 @@ def unwrap(text: str, start: int) -> tuple[str, int] | None:
 def strip_latex(text: str) -> str:
     """LaTeX wrappers off: \\boxed{x} / \\text{x} → x, \\frac{p}{q} → p/q (integers), $…$ and \\( \\) dropped."""
     s = clean_marks(text).replace("\\$", "\x00").replace("\\%", "%").replace("{,}", ",")
-    s = re.sub(r"\\[,;! ]|~|\u202f|\xa0", "\u2009", s)  # LaTeX / typographic thin spaces
+    s = re.sub(r"\\[,;! ]|(?<=\S)~(?=\S)|\u202f|\xa0", "\u2009", s)  # LaTeX / typographic thin spaces; "~16" stays
     s = re.sub(r"\\left|\\right|\\displaystyle", "", s)
     while (m := _LATEX_WRAPPERS.search(s)) is not None:
         inner = unwrap(s, m.end() - 1)
@@ -146,9 +146,9 @@ def read_literal(text: str, question: str | None = None, strict: bool = False,
     "1 234"; "1,2" is a list), optionally in LaTeX ($…$, \\boxed{}, \\frac{p}{q}), in parentheses, after an
     optional currency sign or "x =", before an optional unit ("5 apples", "5%"; see `_is_unit`). A fraction
     p/q counts only in lowest terms with q > 1 ("3/4"; "6/2" and "6/8" are unevaluated expressions) and,
-    when `question` is given, only if the question does not contain it. E-notation ("1.23e+4") counts when
-    `scientific` (default: when the question asks for scientific notation). `strict` (for gold answers):
-    no unit, no "x =", any fraction, e-notation allowed.
+    when `question` is given, only if the question does not contain it. "~16" and "≈16" are hedges.
+    E-notation ("1.23e+4") counts when `scientific` (default: when the question asks for scientific
+    notation). `strict` (for gold answers): no unit, no "x =", any fraction, e-notation allowed.
     """
     s = tidy(text)
     m = _LITERAL.match(s)
