@@ -156,6 +156,14 @@ def cmd_eval(args) -> int:
     overrides += [f"eval.samples={args.samples}", f"eval.pass_k={args.k}"]
     cfg, default_out = eval_target(recipe, overrides, args.model, args.step)
     _say_replaced(cfg)
+    if args.reward_seeking and not Path(args.reward_seeking).is_file():
+        raise FileNotFoundError(f"--reward-seeking: no probe file {args.reward_seeking}")
+    if args.dry_run:
+        from lmrl.loops.setup import preflight
+
+        console.print(f"checked: {preflight(cfg, trains=False)}", soft_wrap=True, highlight=False)
+        print(config_to_yaml(cfg), end="")
+        return 0
     result = run_eval(cfg, probe=args.reward_seeking)
     for k, v in result["metrics"].items():
         print(f"eval/{k}: {v:.4f}")
@@ -254,6 +262,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--k", default="[1]", help="pass@k values, e.g. [1,4]")
     e.add_argument("--out", help="write the result JSON here (default: RUN/eval/step-N.json for a run's checkpoint)")
     e.add_argument("--reward-seeking", metavar="PROBE_YAML", help="also measure reward-seeking with this probe")
+    e.add_argument("--dry-run", action="store_true", help="check the model, data and settings; print the config")
     e.set_defaults(fn=cmd_eval)
     x = sub.add_parser("export", help="write a run's checkpoint as a transformers model directory (LoRA merged)")
     x.add_argument("run", help="run directory, e.g. runs/quickstart-...")

@@ -127,13 +127,22 @@ def check_knobs(target: Callable, knobs: dict[str, Any], owner: str, passed: int
 
 def redefines(old: object, new: object) -> bool:
     """Whether registering `new` where `old` is may replace it: the same object again, or the same definition
-    run again (same module and qualified name: a notebook cell or a module executed twice). Lambdas, which
+    run again (same module and qualified name: a notebook cell, a module executed twice, or run as `python -m`). Lambdas, which
     share the qualified name `<lambda>`, are never taken for one another."""
     if new is old:
         return True
-    module, qualname = getattr(new, "__module__", None), getattr(new, "__qualname__", None)
+    qualname = getattr(new, "__qualname__", None)
     return (qualname is not None and "<lambda>" not in qualname
-            and (module, qualname) == (getattr(old, "__module__", None), getattr(old, "__qualname__", None)))
+            and (_module_of(new), qualname) == (_module_of(old), getattr(old, "__qualname__", None)))
+
+
+def _module_of(obj: object) -> str | None:
+    """The module that defined `obj`, by its import name also when it runs as `python -m` (`__main__`)."""
+    module = getattr(obj, "__module__", None)
+    if module == "__main__":
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = spec.name if spec is not None else module
+    return module
 
 
 class Registry(Generic[T]):

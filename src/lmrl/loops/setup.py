@@ -48,12 +48,13 @@ class Stages:
     parallel: Parallel = field(default_factory=Parallel)  # this process's rank in a data-parallel run
 
 
-def preflight(cfg: Config, rows: int = 16, resume: Path | None = None) -> str:
+def preflight(cfg: Config, rows: int = 16, resume: Path | None = None, trains: bool = True) -> str:
     """What a real run would check before training, without loading weights: names, the run directory (a new
-    run may not write into another's; `resume`: the run continued), the device, the model directory and
-    tokenizer, the split's counts, and the first `rows` training rows encoded with the fields the config names."""
+    run may not write into another's; `resume`: the run continued; `trains=False`: an evaluation, which writes
+    no run), the device, the model directory and tokenizer, the split's counts, and the first `rows` training
+    rows encoded with the fields the config names."""
     check_names(cfg)
-    where = "resumed" if resume is not None else run_dir_for(cfg)
+    where = "resumed" if resume is not None else run_dir_for(cfg) if trains else None
     device = resolve_device(cfg.trainer.device)
     path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(path)
@@ -62,7 +63,7 @@ def preflight(cfg: Config, rows: int = 16, resume: Path | None = None) -> str:
     train, _, _ = encode_task(cfg, tokenizer, TaskData(task.train[:rows], task.eval[:1]))
     check_row_fields(cfg, train)
     return (f"model {path} on {device}; task {cfg.task.name}: {task.summary()}; the first {len(train)} training rows "
-            f"load with fields {sorted(train[0])}; run directory {where}")
+            f"load with fields {sorted(train[0])}" + (f"; run directory {where}" if where else ""))
 
 
 def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:

@@ -14,6 +14,7 @@ rows (the round's data q_T): the parsable, conflict-free instructions that score
 """
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -147,12 +148,15 @@ def follower_rows(records: list[dict], min_reward: float = 0.0) -> list[dict]:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 2:
-        raise SystemExit("usage: python -m lmrl.rewards.seif RUN/rollouts.jsonl follower.jsonl")
-    records = [json.loads(ln) for ln in Path(argv[0]).read_text().splitlines() if ln.strip()]
+    """Write follower task rows from an instructor run's recorded rollouts."""
+    parser = argparse.ArgumentParser(prog="python -m lmrl.rewards.seif", description=main.__doc__)
+    parser.add_argument("rollouts", help="the instructor run's RUN/rollouts.jsonl")
+    parser.add_argument("out", help="the follower task file to write (JSON lines)")
+    args = parser.parse_args(argv)
+    records = [json.loads(ln) for ln in Path(args.rollouts).read_text().splitlines() if ln.strip()]
     rows = follower_rows(records)
-    Path(argv[1]).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    print(f"{len(rows)} follower rows from {len(records)} instructor groups -> {argv[1]}")
+    Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"{len(rows)} follower rows from {len(records)} instructor groups -> {args.out}")
 
 
 if __name__ == "__main__":
