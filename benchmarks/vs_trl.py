@@ -512,7 +512,7 @@ def summarise(rounds: list[dict], spec: dict, names: list[str]) -> tuple[str, di
         prompt_tokens_ok = all(s.get("prompt_tokens_match", False) for r in rounds for s in r["trl"]["steps"])
 
     info = {name: rounds[0][name]["info"] for name in names}
-    lines = ["# lmrl vs TRL GRPOTrainer", ""]
+    lines = ["# lmrl vs TRL GRPOTrainer", "", f"`python {' '.join(['benchmarks/vs_trl.py', *sys.argv[1:]])}`", ""]
     lines.append(f"Workload: {spec['model']} · reasoning-gym `{spec['dataset']}` {json.dumps(spec['task_params'])} · "
                  f"{spec['prompts']} prompts × {spec['group']} samples per step · {spec['max_new_tokens']} max new "
                  f"tokens · lr {spec['lr']} · β = 0 · temperature {spec['temperature']} · fp32 · seed {spec['seed']} · "

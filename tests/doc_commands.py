@@ -76,16 +76,23 @@ def _starts_with_program(text: str) -> bool:
     return first in PROGRAMS
 
 
+REDIRECTION = re.compile(r"\s+(?:\d?>>?\s*\S+|\d>&\d)(?=\s|$)")
+
+
+def _without_redirections(text: str) -> str:
+    """The command without the shell's output redirections (`> log 2>&1`): where output goes is not its part."""
+    return REDIRECTION.sub("", text).strip()
+
+
 def _commands_of_line(path: str, number: int, line: str, in_table: bool) -> list[Command]:
     if in_table:
         found = []
         for cell in re.findall(r"`([^`]+)`", line):
-            if (_starts_with_program(cell) and len(cell.split()) > 2 and "|" not in cell
-                    and line.lstrip().startswith("|")):
+            if _starts_with_program(cell) and len(cell.split()) > 2 and "|" not in cell:
                 found.append(Command(path, number, cell.strip(), MARK.findall(line), in_table=True))
         return found
     text, comment = _split_comment(line.strip())
-    parts = [part.strip().removesuffix(" &").strip() for part in text.split(" && ")]
+    parts = [_without_redirections(part.strip().removesuffix(" &")) for part in text.split(" && ")]
     return [Command(path, number, part, MARK.findall(comment)) for part in parts if _starts_with_program(part)]
 
 
@@ -125,35 +132,71 @@ def extract(paths: list[Path], root: Path) -> list[Command]:
     """Every documented command of these markdown files, in order (scripts apart: `extract_scripts`)."""
     commands: list[Command] = []
     for path in paths:
-        scripts = {script.line for script in extract_scripts([path], root)}
         rel = str(path.relative_to(root))
-        fence: str | None = None
-        pending = ""
-        pending_line = 0
-        for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            stripped = raw.strip()
-            if stripped.startswith("```"):
-                fence = None if fence is not None else stripped[3:].strip()
-                if fence is not None and number + 1 in scripts:
-                    fence = "script"
-                continue
-            if fence is None:
-                commands += _commands_of_line(rel, number, raw, in_table=True)
-                continue
-            if fence not in SHELL_LANGS:
-                continue
-            body, comment = _split_comment(stripped)
-            if pending:
-                body = f"{pending} {body}"
-            else:
-                pending_line = number
-            if body.endswith("\\"):
-                pending = body[:-1].strip()
-                continue
-            pending = ""
-            line = body + (f"  # {comment}" if comment else "")
-            commands += _commands_of_line(rel, pending_line, line, in_table=False)
+        found = _fenced_and_tabled(path, rel, {script.line for script in extract_scripts([path], root)})
+        commands += sorted(found + _prose_commands(path, rel), key=lambda c: c.line)
     return commands
+
+
+def _fenced_and_tabled(path: Path, rel: str, scripts: set[int]) -> list[Command]:
+    """The commands of one page's shell blocks (not its scripts) and table rows."""
+    commands: list[Command] = []
+    fence: str | None = None
+    pending = ""
+    pending_line = 0
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        stripped = raw.strip()
+        if stripped.startswith("```"):
+            fence = None if fence is not None else stripped[3:].strip()
+            if fence is not None and number + 1 in scripts:
+                fence = "script"
+            continue
+        if fence is None:
+            if raw.lstrip().startswith("|"):
+                commands += _commands_of_line(rel, number, raw, in_table=True)
+            continue
+        if fence not in SHELL_LANGS:
+            continue
+        body, comment = _split_comment(stripped)
+        if pending:
+            body = f"{pending} {body}"
+        else:
+            pending_line = number
+        if body.endswith("\\"):
+            pending = body[:-1].strip()
+            continue
+        pending = ""
+        line = body + (f"  # {comment}" if comment else "")
+        commands += _commands_of_line(rel, pending_line, line, in_table=False)
+    return commands
+
+
+ENV_PREFIX = re.compile(r"^(?:[A-Z_]+=\S+\s+)+")
+
+
+def _prose_commands(path: Path, rel: str) -> list[Command]:
+    """Backticked commands in running text (outside fences and tables), a span may wrap a line: those that
+    name a script or module (`python benchmarks/x.py …`, `python -m lmrl.…`) or an `lmrl` subcommand with
+    arguments, which is how a page names the command behind its numbers."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    fence = False
+    for i, line in enumerate(lines):
+        if line.strip().startswith("```"):
+            fence = not fence
+            lines[i] = ""
+        elif fence or line.lstrip().startswith("|"):
+            lines[i] = ""
+    text = "\n".join(lines)
+    found = []
+    for match in re.finditer(r"(?<!`)`([^`]+)`(?!`)", text):
+        span = _without_redirections(ENV_PREFIX.sub("", " ".join(match.group(1).split())))
+        words = span.split()
+        if not _starts_with_program(span) or len(words) < 3 or words[0] == "bash":
+            continue
+        if words[0] == "python" and words[1] != "-m" and not words[1].endswith(".py"):
+            continue  # the interpreter's own flags, not a command
+        found.append(Command(rel, text.count("\n", 0, match.start()) + 1, span, MARK.findall(span)))
+    return found
 
 
 PLACEHOLDERS = [

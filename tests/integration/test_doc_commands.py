@@ -8,6 +8,7 @@ marked `[needs: …]` names a known reason. `REAL_RUNS` train for real under a s
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -104,6 +105,7 @@ def _placeholders(ws: Path, model: Path, runs: dict[str, Path]) -> dict[str, str
             "OUT_DIR": "out_dir", "/path/to/hf_model_dir": str(model), "path/to/model": str(model),
             # the task-arithmetic example's base is the model its runs started from: here the tiny model
             "--base default": f"--base {model}",
+            "--merge DIR": "--merge exported", "RUN/checkpoints/step-NNNNNN": ckpt, "<name>": "quickstart",
             "runs/my-run/checkpoints/step-000020/model": f"{ckpt}/model", "<recipe>": "quickstart",
             "/path/saved_with_save_to_disk": str(ws / "saved"), "S": "0", "N": "2",
             "/path/to/an/instruct/model": str(model), "/path/to/model.Q8_0.gguf": str(installed_default_gguf()),
@@ -146,14 +148,20 @@ def _check(cmd: Command, workspace: dict) -> None:
         from lmrl.models import resolve_model_path
         assert Path(resolve_model_path(args.model)).exists(), text
     elif kind == "python":
-        target = ["-m", argv[2]] if argv[1] == "-m" else [str(ROOT / argv[1])]
-        helped = subprocess.run([sys.executable, *target, "--help"], capture_output=True, text=True, timeout=120,
-                                cwd=ROOT)
-        assert helped.returncode == 0, f"{text}\n{helped.stderr[-2000:]}"
+        target = ("-m", argv[2]) if argv[1] == "-m" else (str(ROOT / argv[1]),)
+        returncode, stdout, stderr = _help(target)
+        assert returncode == 0, f"{text}\n{stderr[-2000:]}"
         flags = {w.split("=")[0] for w in argv[2:] if w.startswith("--")}
-        assert all(f in helped.stdout for f in flags), f"{text}: flags {flags} not all in its --help"
+        assert all(f in stdout for f in flags), f"{text}: flags {flags} not all in its --help"
     else:
         assert (ROOT / argv[1]).exists() or (workspace["ws"] / argv[1]).exists(), text
+
+
+@functools.lru_cache(maxsize=None)
+def _help(target: tuple[str, ...]) -> tuple[int, str, str]:
+    """A script's or module's `--help` (once per target: several documented commands run the same script)."""
+    done = subprocess.run([sys.executable, *target, "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return done.returncode, done.stdout, done.stderr
 
 
 def script_commands(script: Script, tmp_path: Path) -> list[Command]:
@@ -196,6 +204,13 @@ def test_the_extraction_finds_every_kind_of_command():
     kinds = {c.kind for c in COMMANDS}
     assert {"train", "eval", "compare", "report", "export", "merge", "serve", "list", "torchrun", "python"} <= kinds
     assert len(COMMANDS) > 100
+
+
+def test_every_result_page_names_the_commands_behind_its_numbers():
+    """A page of measurements (`*_result.md`) says how to reproduce them, with a command this test checks."""
+    pages = {str(p.relative_to(ROOT)) for p in PAGES if p.name.endswith("_result.md")}
+    named = {c.path for c in COMMANDS} | {s.path for s in SCRIPTS}
+    assert pages and pages <= named, f"result pages naming no command: {sorted(pages - named)}"
 
 
 def test_a_broken_documented_command_fails(workspace, tmp_path):
