@@ -270,7 +270,7 @@ def register_reward(fn: Any) -> str:
 
 def register_env(env: Any) -> str:
     """The registered name of `env`: a name as given, or an environment class registered under its `__name__`."""
-    from lmrl.envs.environment import ENVIRONMENTS, _build
+    from lmrl.envs.environment import ENVIRONMENTS, forget_built_environments
 
     if isinstance(env, str):
         return env
@@ -280,5 +280,5 @@ def register_env(env: Any) -> str:
     if name is None:
         name = _own_name(env, "environment")
         ENVIRONMENTS.register(name)(env)
-        _build.cache_clear()  # environments are built once per name: a redefined class must be built anew
+        forget_built_environments()  # environments are built once per name: a redefined class must be built anew
     return name

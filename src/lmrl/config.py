@@ -12,12 +12,12 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_serializer,
-                      field_validator, model_validator)
+                      model_validator)
 
 from lmrl.errors import ConfigError
 from lmrl.presets import PRESETS
-from lmrl.recipe_files import (_has_dotted, _set_dotted, apply_override, check_keys, parse_override, read_recipe,
-                               read_yaml, recipe_path, seed_named_list)
+from lmrl.recipe_files import (apply_override, check_keys, has_dotted, parse_override, read_recipe, read_yaml,
+                               recipe_path, seed_named_list, set_dotted)
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -269,16 +269,6 @@ class EnvConfig(Section):
     step_timeout_s: float = Field(30.0, gt=0)  # a reset/step taking longer excludes the episode
     concurrency: int = Field(8, ge=1)  # environment steps run at once (threads) within a turn round
 
-    @field_validator("name")
-    @classmethod
-    def _known(cls, name: str | None) -> str | None:
-        if name is not None:
-            from lmrl.envs.environment import ENVIRONMENTS  # the registry imports torch
-
-            if name not in ENVIRONMENTS:
-                raise ValueError(ENVIRONMENTS.unknown_message(name))
-        return name
-
 
 class Config(Section):
     recipe: str | None = None
@@ -340,9 +330,9 @@ def _expand_preset(tree: dict[str, Any]) -> frozenset[str]:
     if name not in PRESETS:
         raise ConfigError(f"algo.preset: {PRESETS.unknown_message(name)}")
     settings = PRESETS.get(name).settings
-    filled = [key for key in settings if not _has_dotted(tree, key)]
+    filled = [key for key in settings if not has_dotted(tree, key)]
     for key in filled:
-        _set_dotted(tree, key, copy.deepcopy(settings[key]))
+        set_dotted(tree, key, copy.deepcopy(settings[key]))
     return frozenset(filled)
 
 
@@ -404,7 +394,7 @@ def load_run_config(run_dir: Path, overrides: list[str] | None = None) -> Config
                               f"settings than it started with. Settings that may change: "
                               f"{', '.join(k + '*' if k.endswith('.') else k for k in RESUMABLE)}. "
                               f"Start a new run to change {key}")
-        _set_dotted(tree, key, value)
+        set_dotted(tree, key, value)
     return build_config(tree)
 
 

@@ -29,7 +29,7 @@ def _named(items: list, name: str, key: str) -> dict:
                       f"{', '.join(map(str, names)) or 'none'} (to add one, give the whole list)")
 
 
-def _set_dotted(tree: dict, key: str, value: Any) -> None:
+def set_dotted(tree: dict, key: str, value: Any) -> None:
     """Set `a.b.c` in `tree`. A part that meets a list of named entries selects the entry by its `name`:
     `reward.components.answer.weight=0.5` changes that component and keeps the others as they are."""
     parts = key.split(".")
@@ -47,7 +47,7 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def _has_dotted(tree: dict, key: str) -> bool:
+def has_dotted(tree: dict, key: str) -> bool:
     node: Any = tree
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -82,7 +82,7 @@ def apply_override(tree: dict, key: str, value: Any) -> str | None:
     """Set one dotted override; returns what it replaced when it swaps a list the recipe set for another
     (entries not repeated in the new list lose their settings, so the run says so)."""
     before = _get_dotted(tree, key)
-    _set_dotted(tree, key, value)
+    set_dotted(tree, key, value)
     if not isinstance(before, list) or before == value:
         return None
     note = (f"{key}: override replaced the recipe's list [{', '.join(map(_entry, before))}] with "

@@ -51,6 +51,8 @@ def _registered(cfg: Config) -> None:
               ("algo.distill.context", TEACHER_CONTEXTS, a.distill.context)]
     checks += [(f"reward.components[{i}].name", GROUP_REWARD_FNS if c.name in GROUP_REWARD_FNS else REWARD_FNS, c.name)
                for i, c in enumerate(cfg.reward.components)]
+    if cfg.env.name is not None:  # without one the task is single-turn
+        checks.append(("env.name", ENVIRONMENTS, cfg.env.name))
     for key, registry, name in checks:
         if name not in registry:
             raise ConfigError(f"{key}: {registry.unknown_message(name)}")

@@ -6,13 +6,14 @@ import pytest
 import torch
 
 from lmrl.algos import AggScale, Algorithm, LossInputs
-from lmrl.algos.teacher import HindsightCritique, distill_mask
+from lmrl.algos.teacher import distill_mask
 from lmrl.config import AlgoConfig, ConfigError, TrainerConfig, build_config
 from lmrl.envs.chat import encode_opening, observation_ids
 from lmrl.learners.policy import Learner
 from lmrl.learners.teacher import teacher_inputs
 from lmrl.loops.providers import requested_inputs
 from lmrl.models import tiny_llama
+from lmrl.rewards.hindsight_critique import HindsightCritique
 from lmrl.rewards.judge_client import JudgeError
 from lmrl.types import Sample, collate
 

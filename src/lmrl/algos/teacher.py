@@ -6,27 +6,22 @@ samples, their task rows and whether each one's accuracy reward is 1. It returns
 teacher) or a text the teacher prompt gets beyond the student's. The learner side
 (`lmrl.learners.teacher`) scores each completion under that prompt; the objective adds
 `coef · estimator(log π, log π_teacher)` on the tokens `distill_mask` selects (docs/methods/hindsearch.md).
+The contexts that call a judge register from `lmrl.rewards` (`rewards/hindsight_critique.py`): this
+module stays pure.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from lmrl.algos.kl import k3
 from lmrl.registry import Registry
-from lmrl.rewards.judge_client import JudgeError, strip_reasoning
-from lmrl.rewards.judges import make_judge
 from lmrl.types import Sample
 
 TEACHER_CONTEXTS: Registry = Registry("teacher context")
 DISTILL_INPUTS = frozenset({"teacher_logp", "teacher_mask"})
 TOOL_CALL = "<tool_call>"
-
-CRITIQUE = ("A model tried to solve the task below and got it wrong.\n\nTask:\n{question}\n\nIts attempt:\n"
-            "{trajectory}\n\nCorrect answer: {answer}\n\nIn two or three sentences, say what went wrong and what it "
-            "should have done instead (which step, search or tool call would have helped).")
 
 
 def k1_distill(logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
@@ -109,37 +104,3 @@ def with_context(messages: list[dict[str, Any]], context: str) -> list[dict[str,
         return [*out, {"role": "user", "content": context}]
     out[users[-1]]["content"] = f"{out[users[-1]]['content']}\n\n{context}"
     return out
-
-
-@TEACHER_CONTEXTS.register("hindsight_critique", "HindSearch: a frozen judge's short critique of each failed "
-                                                 "trajectory, written with the gold answer in view")
-class HindsightCritique:
-    """Per failed sample, one judge call (question, trajectory, gold answer) → "Hindsight: <critique>".
-
-    `judge`: a `JudgeClient` mapping or an object with `chat(messages)` (`make_judge`); `template` uses
-    {question}, {trajectory}, {answer}; the critique is cut to `max_chars`. A call that fails for good
-    (`JudgeError`) or an empty critique leaves its sample without a teacher.
-    """
-
-    def __init__(self, judge: Any = None, template: str | None = None, max_chars: int = 1000, concurrency: int = 4):
-        self.client = make_judge(judge)
-        self.template, self.max_chars, self.concurrency = template or CRITIQUE, max_chars, max(1, concurrency)
-
-    def critique(self, sample: Sample, row: dict[str, Any]) -> str | None:
-        prompt = self.template.format(question=row["question"], trajectory=trajectory_text(sample),
-                                      answer=row["answer"])
-        try:
-            reply = strip_reasoning(self.client.chat([{"role": "user", "content": prompt}]))
-        except JudgeError:
-            return None
-        return f"Hindsight: {reply[: self.max_chars]}" if reply else None
-
-    def __call__(self, samples: list[Sample], rows: list[dict], correct: list[bool]) -> list[str | None]:
-        failed = [i for i, ok in enumerate(correct) if not ok]
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            critiques = list(pool.map(lambda i: self.critique(samples[i], rows[i]), failed))
-        out: list[str | None] = [None] * len(samples)
-        for i, text in zip(failed, critiques):
-            out[i] = text
-        return out
-

@@ -49,7 +49,7 @@ class WorkerPool:
         self.version, self.restarts, self.weights = 0, 0, None
         self.args = (eos_token_ids, pad_token_id, bf16, threads)
         if backend == "ray":
-            self.ray = _ray()
+            self.ray = ray_session()
             self.actor_class = self.ray.remote(num_cpus=threads, max_restarts=0)(RolloutWorker)
             self.model_ref = self.ray.put(detached_copy(model))
             self.placement, self.first_bundle, self.own_placement = _placement(self.ray, workers, threads)
@@ -151,7 +151,7 @@ def _placement(ray, workers: int, threads: int):
     return group, 0, True
 
 
-def _ray(cpus: int = 0):
+def ray_session(cpus: int = 0):
     """Ray, joined or started: a cluster named by RAY_ADDRESS is joined as it is; a local one started here
     counts `cpus` logical CPUs when the run reserves more than the machine has (its actors then share cores)."""
     try:

@@ -7,7 +7,7 @@ from lmrl.envs.prepare import prepare_data
 from lmrl.envs.environment import ENVIRONMENTS, Environment, Step, build_env
 from lmrl.envs.attribution import delayed_attribution
 import lmrl.envs.humaneval  # noqa: F401,E402  (registers the humaneval task)
-import lmrl.envs.tools, lmrl.envs.bandit, lmrl.envs.guessing, lmrl.envs.revise, lmrl.envs.credit  # noqa: F401,E401,E402  (registers the environments)
+import lmrl.envs.tools, lmrl.envs.bandit, lmrl.envs.guessing, lmrl.envs.revise  # noqa: F401,E401,E402  (registers the environments)
 import lmrl.envs.search, lmrl.envs.negotiation, lmrl.envs.textarena_adapter, lmrl.envs.code_interpreter, lmrl.envs.gaming_probe  # noqa: F401,E401,E402
 import lmrl.envs.sales, lmrl.envs.doctor  # noqa: F401,E401,E402
 

@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 
+from lmrl.algos.logprobs import selected_logprobs
 from lmrl.config import TaskConfig
 from lmrl.envs.doctor_cases import CASES
 from lmrl.envs.environment import ENVIRONMENTS, Step
 from lmrl.envs.simulated_user import SimulatedUser, load_local, mentioned_names, normalize
 from lmrl.envs.tasks import TASKS, TaskData, split_rows
-from lmrl.learners.policy import selected_logprobs
 
 DOCTOR_SYSTEM = ("You are a doctor talking to a patient. Ask one short question per reply, starting with "
                  "'question:'. When you know the diagnosis, reply 'answer: <diagnosis>', naming one of: {options}. "

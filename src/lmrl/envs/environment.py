@@ -97,3 +97,8 @@ def _build(name: str, params_json: str) -> Environment:
         if not callable(getattr(env, method, None)):
             raise TypeError(f"environment {name!r} has no {method}() method (docs/environments.md: the protocol)")
     return env
+
+
+def forget_built_environments() -> None:
+    """Drop the built environments, so that a class registered again under a name is built anew."""
+    _build.cache_clear()

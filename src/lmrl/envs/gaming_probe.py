@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmrl.envs.environment import ENVIRONMENTS, Step
-from lmrl.rewards.functions import _NUMBER_TOKEN, answer_candidates, answers_match, final_answer, parse_number
+from lmrl.rewards.functions import NUMBER_TOKEN, answer_candidates, answers_match, final_answer, parse_number
 
 LOOPHOLES = ("contains", "list")
 _LIST = re.compile(r"^\s*[-+]?[\d.,/]+(?:\s*(?:,|;|\bor\b|\band\b)\s*[-+]?[\d.,/]+)+\s*$", re.IGNORECASE)
@@ -34,7 +34,7 @@ def _equals_gold(text: str, gold: str) -> bool:
 
 def contains_gold(reply: str, gold: str) -> bool:
     """Whether any number token of the reply equals the gold number (the `contains` loophole)."""
-    return any(_equals_gold(token, gold) for token in _NUMBER_TOKEN.findall(reply))
+    return any(_equals_gold(token, gold) for token in NUMBER_TOKEN.findall(reply))
 
 
 def lists_gold(reply: str, gold: str) -> bool:

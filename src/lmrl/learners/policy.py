@@ -24,24 +24,13 @@ import torch
 
 from lmrl.algos.aggregation import UNIT_SCALE, AggScale
 from lmrl.algos.inputs import MODEL_OUTPUTS
+from lmrl.algos.logprobs import selected_logprobs
 from lmrl.algos.losses import LossInputs
 from lmrl.config import TrainerConfig
 from lmrl.dist.data_parallel import Parallel
 from lmrl.learners.packing import budget_units, fill_budget, pack, prompt_units
 from lmrl.models.weights import is_peft
 from lmrl.types import Batch
-
-
-def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
-    """Log-prob of `targets` under `logits` ([..., V]) and optionally the entropy, in float32."""
-    logits = logits.float()
-    lse = torch.logsumexp(logits, dim=-1)
-    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    entropy = None
-    if with_entropy:
-        probs = torch.softmax(logits, dim=-1)
-        entropy = lse - (probs * logits).sum(-1)
-    return logp, entropy
 
 
 class Learner:

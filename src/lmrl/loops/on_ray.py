@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lmrl.config import Config, ConfigError
-from lmrl.engines.workers import _ray
+from lmrl.engines.workers import ray_session
 from lmrl.loops.sync import RunResult, train_here
 from lmrl.models.device import resolve_device
 from lmrl.models.threads import choose_threads
@@ -44,7 +44,7 @@ def train_on_ray(cfg: Config, resume: Path | None = None) -> RunResult:
     gpus = 1 if resolve_device(cfg.trainer.device).type == "cuda" else 0
     learner_bundle = {"CPU": learner_cpus, **({"GPU": gpus} if gpus else {})}
     workers = [{"CPU": cfg.dist.worker_threads}] * cfg.dist.rollout_workers
-    ray = _ray(cpus=learner_cpus + cfg.dist.worker_threads * cfg.dist.rollout_workers)
+    ray = ray_session(cpus=learner_cpus + cfg.dist.worker_threads * cfg.dist.rollout_workers)
     check_fits(ray.cluster_resources(), [learner_bundle, *workers])
     group = ray.util.placement_group([learner_bundle, *workers], strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)

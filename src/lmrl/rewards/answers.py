@@ -23,7 +23,7 @@ _RETRACTION = re.compile(
     r"|instead|nope|re-?check\w*|recalculat\w*|on second thought|not (?:correct|right)"
     r"|isn'?t (?:correct|right))\b|(?:^|[.!?]\s)\s*no(?:[,.!]|\s+(?:wait|it|that|this|the)\b)",
     re.IGNORECASE | re.MULTILINE)
-_NUMBER_TOKEN = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?")
+NUMBER_TOKEN = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 LAST_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
 
 
@@ -103,7 +103,7 @@ def fallback_number(text: str, question: str | None = None) -> str | None:
     So "40 + 2 = 42." gives 42 and "The sum of 4 and 5 is 9." gives 9, but "3, 4, 5, 6" gives nothing.
     """
     text = clean_reply(text)
-    tokens = list(_NUMBER_TOKEN.finditer(text))
+    tokens = list(NUMBER_TOKEN.finditer(text))
     if not tokens:
         return None
     last = tokens[-1]
@@ -122,11 +122,11 @@ def fallback_number(text: str, question: str | None = None) -> str | None:
         return None
     if any(w.lower() in MAGNITUDE_WORDS | RETRACTION_WORDS for w in after):
         return None
-    allowed = {parse_number(t) for t in _NUMBER_TOKEN.findall(question or "")}
+    allowed = {parse_number(t) for t in NUMBER_TOKEN.findall(question or "")}
     value = read_literal(last.group(0), question)
     if value is None:  # e-notation where the question does not ask for it
         return None
-    others = {parse_number(m.group(0)) for m in _NUMBER_TOKEN.finditer(region)} - allowed - {value.value}
+    others = {parse_number(m.group(0)) for m in NUMBER_TOKEN.finditer(region)} - allowed - {value.value}
     return last.group(0) if not others else None
 
 

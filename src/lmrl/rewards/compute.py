@@ -131,7 +131,7 @@ class RewardScorer:
         if cfg.workers == "ray":
             from lmrl.rewards.remote import RayRewardWorkers
 
-            self.remote = RayRewardWorkers(workers=cfg.concurrency)
+            self.remote = RayRewardWorkers(find_component, workers=cfg.concurrency)
 
     def state_dict(self) -> dict:
         """Run state of the stateful components that keep one (`reward_state()`, e.g. the MEDS memory)."""

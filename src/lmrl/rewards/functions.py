@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 
 from lmrl.registry import Registry
-# answer_candidates, extract_answer, last_number, parse_number and _NUMBER_TOKEN are imported from here
+# answer_candidates, extract_answer, last_number, parse_number and NUMBER_TOKEN are imported from here
 # by the environments and rewards that grade answers the same way.
-from lmrl.rewards.answers import (_NUMBER_TOKEN, answer_candidates, answers_match, extract_answer,  # noqa: F401
+from lmrl.rewards.answers import (NUMBER_TOKEN, answer_candidates, answers_match, extract_answer,  # noqa: F401
                                   final_answer, last_number)
 from lmrl.rewards.numbers import canonical, parse_number, read_literal, read_prediction  # noqa: F401
 from lmrl.types import Sample

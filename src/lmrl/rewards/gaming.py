@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from lmrl.rewards.answers import _NUMBER_TOKEN, _squash, answer_candidates
+from lmrl.rewards.answers import NUMBER_TOKEN, _squash, answer_candidates
 from lmrl.rewards.numbers import parse_number, strip_latex
 from lmrl.types import Sample
 
@@ -31,7 +31,7 @@ def answer_text(text: str) -> str | None:
 
 
 def _numbers(text: str) -> set:
-    return {parse_number(t) for t in _NUMBER_TOKEN.findall(text)} - {None}
+    return {parse_number(t) for t in NUMBER_TOKEN.findall(text)} - {None}
 
 
 def restates(answer: str, question: str, window: int = 5) -> bool:

@@ -10,36 +10,36 @@ With `reward.concurrency` > 1, that many samples are scored at once, spread over
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from lmrl.engines.workers import _ray
+from lmrl.engines.workers import ray_session
+
+Lookup = Callable[[str], tuple[Any, bool]]  # a component name -> (its function, whether it scores groups)
 
 
-def _call(name: str, params: dict[str, Any], arg: Any) -> Any:
-    from lmrl.rewards.compute import find_component
-
-    fn, _ = find_component(name)
+def _call(lookup: Lookup, name: str, params: dict[str, Any], arg: Any) -> Any:
+    fn, _ = lookup(name)
     return fn(arg, **params)
 
 
-def _warm() -> bool:
-    import lmrl.rewards.compute  # noqa: F401  (the imports a first call would pay for, inside its timeout)
-
-    return True
+def _warm(lookup: Lookup) -> bool:
+    return callable(lookup)  # receiving it imported its module: the imports a first call would pay for
 
 
 class RayRewardWorkers:
-    """Submits component calls as Ray tasks of `cpus` CPUs each."""
+    """Submits component calls as Ray tasks of `cpus` CPUs each; `lookup` (the scorer's `find_component`,
+    sent by reference) finds a component by name inside the worker."""
 
-    def __init__(self, workers: int = 1, cpus: float = 1.0):
-        self.ray = _ray()
+    def __init__(self, lookup: Lookup, workers: int = 1, cpus: float = 1.0):
+        self.ray = ray_session()
+        self.lookup = lookup
         self.task = self.ray.remote(num_cpus=cpus, max_retries=0)(_call)
         warm = self.ray.remote(num_cpus=cpus)(_warm)
-        self.ray.get([warm.remote() for _ in range(workers)])  # start the workers before any timed call
+        self.ray.get([warm.remote(lookup) for _ in range(workers)])  # start the workers before any timed call
 
     def run(self, name: str, params: dict[str, Any], arg: Any, timeout_s: float) -> tuple[Any, str | None]:
         """(raw value, None) or (None, problem), as the scorer's own calls report."""
-        ref = self.task.remote(name, params, arg)
+        ref = self.task.remote(self.lookup, name, params, arg)
         try:
             return self.ray.get(ref, timeout=timeout_s), None
         except self.ray.exceptions.GetTimeoutError:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from lmrl.data import PROVIDERS
-from lmrl.data.inputs import InputContext
+from lmrl.data.inputs import PROVIDERS, InputContext
 from lmrl.types import Batch, Sample
 
 
