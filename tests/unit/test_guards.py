@@ -1,4 +1,5 @@
-"""Failure-mode guards (algos/guards.py): hand-checked detection, the streak, rollback to the last good checkpoint."""
+"""Failure-mode guards (algos/guards.py) and rollback (loops/run_state.py): hand-checked detection, the streak,
+rollback to the last good checkpoint."""
 from __future__ import annotations
 
 import json
@@ -9,10 +10,12 @@ import torch
 
 from conftest import make_tokenizer, toy_run_config
 from lmrl.algos.algorithm import Algorithm
-from lmrl.algos.guards import Guard, GuardError, bad_signals, guard_step, ratio_outside, rollback, Verdict
+from lmrl.algos.guards import Guard, GuardError, bad_signals, ratio_outside, Verdict
 from lmrl.config import AlgoConfig, GuardConfig, load_config
 from lmrl.learners.checkpoint import list_checkpoints, load_checkpoint
-from lmrl.loops import build_stages, train
+from lmrl.loops import RunResult, build_stages, train
+from lmrl.loops.run_dir import RunDir
+from lmrl.loops.run_state import RunState
 from lmrl.models import tiny_llama
 
 LOG3 = math.log(3.0)
@@ -71,16 +74,20 @@ def guarded_run(tmp_path, steps=3, **guards):
     return s, result.run_dir
 
 
+def run_state_of(s, run_dir) -> RunState:
+    return RunState(s, RunDir(run_dir), RunResult(run_dir, s.cfg.trainer.steps))
+
+
 def test_rollback_restores_the_last_good_checkpoint_lowers_the_lr_and_counts(tmp_path):
     s, run_dir = guarded_run(tmp_path, max_rollbacks=2)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(0.0 <= r["guard/ratio_outside"] <= 1.0 for r in rows if "grad_norm" in r)
     root = run_dir / "checkpoints"
-    gens = {"rollout": s.generator, "shuffle": s.learner.shuffle}
+    state = run_state_of(s, run_dir)
     saved = torch.load(list_checkpoints(root)[1] / "state.pt", weights_only=False)
     guard = s.algorithm.states["guard"]
 
-    out = rollback(s, root, gens, guard, Verdict(True, ("ratio",), 3), step=3)  # bad since step 3: step 2 is good
+    out = state.rollback(guard, Verdict(True, ("ratio",), 3), step=3)  # bad since step 3: step 2 is good
     assert out["guard/restored_step"] == 2.0 and out["guard/rollbacks"] == 1.0
     assert [p.name for p in list_checkpoints(root)] == ["step-000001", "step-000002"]  # the bad one is gone
     fresh = build_stages(s.cfg, model=tiny_llama(len(s.tokenizer), hidden=32, layers=2, heads=4, seed=5),
@@ -94,19 +101,19 @@ def test_rollback_restores_the_last_good_checkpoint_lowers_the_lr_and_counts(tmp
     assert s.learner.optimizer.param_groups[0]["lr"] == pytest.approx(1.5e-3)  # 3e-3 × 0.5
     assert s.learner.scheduler.base_lrs == [pytest.approx(1.5e-3)]
 
-    out = rollback(s, root, gens, guard, Verdict(True, ("ratio",), 3), step=4)  # again to step 2: twice halved
+    out = state.rollback(guard, Verdict(True, ("ratio",), 3), step=4)  # again to step 2: twice halved
     assert out["guard/rollbacks"] == 2.0 and out["guard/lr"] == pytest.approx(0.75e-3)
     with pytest.raises(GuardError, match=r"after 2 rollback\(s\) \(algo.guards.max_rollbacks=2\): stopping"):
-        rollback(s, root, gens, guard, Verdict(True, ("nonfinite",), 3), step=5)
+        state.rollback(guard, Verdict(True, ("nonfinite",), 3), step=5)
 
 
 def test_guard_step_rolls_back_on_a_trip_and_refuses_without_a_good_checkpoint(tmp_path):
     s, run_dir = guarded_run(tmp_path, steps=2, patience=2)
-    root, gens = run_dir / "checkpoints", {"rollout": s.generator, "shuffle": s.learner.shuffle}
+    state = run_state_of(s, run_dir)
     nan = {"grad_norm": float("nan"), "skipped_updates": 1.0}
-    assert guard_step(s, root, gens, 3, nan)["guard/tripped"] == 0.0
-    out = guard_step(s, root, gens, 4, nan)
+    assert state.guard_step(3, nan)["guard/tripped"] == 0.0
+    out = state.guard_step(4, nan)
     assert out["guard/tripped"] == 1.0 and out["guard/nonfinite"] == 1.0 and out["guard/restored_step"] == 2.0
-    guard_step(s, root, gens, 5, nan)
+    state.guard_step(5, nan)
     with pytest.raises(GuardError, match="no checkpoint from before step 1 is left"):
-        rollback(s, root, gens, s.algorithm.states["guard"], Verdict(True, ("nonfinite",), 1), step=6)
+        state.rollback(s.algorithm.states["guard"], Verdict(True, ("nonfinite",), 1), step=6)

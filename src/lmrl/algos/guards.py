@@ -3,20 +3,20 @@
 Small policies trained with PPO-style losses fail in a few recognisable ways: the importance ratio
 π_θ/π_behaviour explodes (many tokens far outside the trust region), a loss or gradient turns NaN
 or infinite, or the token entropy collapses. `bad_signals` reads one step's metrics and names the
-failures it shows; `Guard` counts bad steps in a row and trips after `patience` of them; `rollback`
-then restores the last checkpoint saved before the bad streak (weights, optimiser, scheduler,
-sampler, RNG, method state), multiplies the learning rate by `lr_factor`, and lets the run go on.
-After `max_rollbacks` rollbacks the next trip stops the run with a `GuardError`.
+failures it shows; `Guard` counts bad steps in a row and trips after `patience` of them. The
+rollback itself (restoring the last checkpoint saved before the bad streak, then `scale_lr`) is
+the run's, not the algorithm's: `loops.run_state.RunState.rollback`, which restores the same list
+of parts `--resume` does. After `max_rollbacks` rollbacks the next trip stops the run with a
+`GuardError`.
 
 The guard is a state of the algorithm (`algos/state.py`), built when `algo.guards.enabled`, so it
 is saved in checkpoints and restored on resume like the method controllers. The loop's one call
-is `guard_step` after each step's update.
+is `RunState.guard_step` after each step's update.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -117,65 +117,3 @@ def scale_lr(optimizer, scheduler, factor: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] *= factor
     scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
-
-
-def _step_of(checkpoint: Path) -> int:
-    return int(checkpoint.name.split("-")[1])
-
-
-def rollback(s, checkpoints: Path, generators: dict[str, torch.Generator], guard: Guard, verdict: Verdict,
-             step: int) -> dict[str, float]:
-    """Restore the last checkpoint saved before `verdict.since` into the stages `s`, as `--resume` would.
-
-    Restores weights (and the learner's other modules), optimiser, scheduler, sampler, RNG, method
-    and reward state; then counts the rollback, multiplies the learning rate by `lr_factor` (once
-    per rollback since that checkpoint), reseeds the rollout generator from the restored one and the
-    rollback count (so the retried steps draw other completions; the same samples at the same rate
-    would fail the same way), deletes the checkpoints after it (they hold the bad weights, and a
-    later `--resume` must not pick them) and sends the weights to the engine as version `step`.
-    """
-    from lmrl.learners.checkpoint import list_checkpoints, load_checkpoint, remove_checkpoint, restore_rng
-
-    why = f"{', '.join(verdict.reasons)} for {guard.cfg.patience} step(s) in a row since step {verdict.since}"
-    if guard.rollbacks >= guard.cfg.max_rollbacks:
-        raise GuardError(f"guard tripped at step {step} ({why}) after {guard.rollbacks} rollback(s) "
-                         f"(algo.guards.max_rollbacks={guard.cfg.max_rollbacks}): stopping. Lower trainer.lr, "
-                         "raise algo.guards.max_rollbacks, or loosen the guard's thresholds")
-    found = list_checkpoints(checkpoints)
-    good = [p for p in found if _step_of(p) < verdict.since]
-    if not good:
-        raise GuardError(f"guard tripped at step {step} ({why}) but no checkpoint from before step {verdict.since} "
-                         f"is left to roll back to (complete checkpoints at steps {[_step_of(p) for p in found]}); "
-                         "set run.checkpoint_every lower or run.keep_checkpoints higher")
-    target = good[-1]
-    rollbacks = guard.rollbacks + 1
-    guard.load_state_dict({"streak": 0, "since": None, "rollbacks": 0})  # a checkpoint without guard state: none
-    state = load_checkpoint(target, s.model, s.learner.optimizer, s.learner.scheduler, modules=s.learner.modules())
-    s.sampler.load_state_dict(state["sampler"])
-    restore_rng(state["rng"], generators)
-    s.algorithm.load_state_dict(state.get("algorithm", {}))
-    s.scorer.load_state_dict(state.get("rewards", {}))
-    scale_lr(s.learner.optimizer, s.learner.scheduler, guard.cfg.lr_factor ** (rollbacks - guard.rollbacks))
-    guard.load_state_dict({"streak": 0, "since": None, "rollbacks": rollbacks})
-    rollout = generators["rollout"]
-    rollout.manual_seed(int(torch.randint(2 ** 62, (1,), generator=rollout)) + rollbacks)
-    for later in found:
-        if _step_of(later) > _step_of(target):
-            remove_checkpoint(later)
-    s.engine.update_weights(None, step)
-    return {"guard/rollbacks": float(rollbacks), "guard/restored_step": float(_step_of(target)),
-            "guard/lr": float(s.learner.optimizer.param_groups[0]["lr"])}
-
-
-def guard_step(s, checkpoints: Path, generators: dict[str, torch.Generator], step: int,
-               metrics: dict[str, float]) -> dict[str, float]:
-    """The loop's call after step `step`'s update: the guard's metrics, after a rollback when it tripped.
-
-    Nothing (an empty dict) when the run has no guard."""
-    guard = s.algorithm.states.get("guard")
-    if guard is None:
-        return {}
-    verdict = guard.check(step, metrics)
-    if not verdict.tripped:
-        return verdict.metrics
-    return {**verdict.metrics, **rollback(s, checkpoints, generators, guard, verdict, step)}

@@ -2,8 +2,8 @@
 
 Holds transformers-loadable safetensors weights (for a LoRA run, peft's adapter files instead), the
 optimiser and scheduler, the learner's own modules besides the policy (e.g. a value head, in
-`modules.safetensors`), and a JSON/pickle state (step, sampler, RNG) so that `--resume` reproduces
-an uninterrupted run exactly. Checkpoints are device-independent: everything loads onto the CPU
+`modules.safetensors`), and a pickled state (`state.pt`) whose parts `loops.run_state.RunState`
+lists, so that `--resume` reproduces an uninterrupted run exactly. Checkpoints are device-independent: everything loads onto the CPU
 first and is then copied into the (possibly CUDA) parameters and optimiser state.
 """
 from __future__ import annotations

@@ -30,11 +30,12 @@ from lmrl.engines.build import async_engines
 from lmrl.engines.weight_sync import build_transport
 from lmrl.loops.progress import StepProgress
 from lmrl.loops.run_dir import RunDir
+from lmrl.loops.run_state import RunState
 from lmrl.loops.setup import Stages
 from lmrl.loops.stopping import stop_reason
 from lmrl.loops.streaming import collect_chunk, learn_streamed, plan_step, version_metrics
 from lmrl.loops.sync import (RunResult, _sample_row, collect_groups, evaluate_now, learn, log_inputs_order,
-                             resume_state, rollout_metrics, save, step_boundary)
+                             rollout_metrics)
 from lmrl.models.threads import apply_threads
 from lmrl.models.weights import inference_weights
 from lmrl.types import Group
@@ -167,9 +168,9 @@ class Producer:
 
 def run_async_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunResult:
     """The asynchronous loop on an open run directory: the learner's side of `Producer`."""
-    gens = {"rollout": s.generator, "shuffle": s.learner.shuffle}
     result = RunResult(run.path, cfg.trainer.steps)
-    start, state = resume_state(s, run, resume, gens, result)
+    run_state = RunState(s, run, result)
+    start, state = run_state.resume(resume)
     if state.get("stopped"):  # a run that `trainer.stop_when` ended stays ended
         result.steps, result.stopped = start, state["stopped"]
         return result
@@ -225,9 +226,8 @@ def run_async_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) ->
                 if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
                     queued = producer.settle(step)
                     t_save = time.perf_counter()
-                    boundary = step_boundary(s, gens, run)
-                    save(s, run, step, result, {**boundary, "stopped": stopped,
-                                                "async": {"queue": queued, "next_step": producer.next_step}})
+                    run_state.save(step, {**run_state.boundary(), "stopped": stopped,
+                                          "async": {"queue": queued, "next_step": producer.next_step}})
                     paused += time.perf_counter() - t_save
                 last_end = step_end + paused
                 if stopped:

@@ -12,18 +12,17 @@ from functools import partial
 from pathlib import Path
 from statistics import mean
 
-from lmrl.algos.guards import guard_step
-from lmrl.config import Config, ConfigError, check_resume_config, load_run_config
-from lmrl.data import InputContext, load_source_state, source_state
+from lmrl.config import Config, check_resume_config, load_run_config
+from lmrl.data import InputContext
 from lmrl.data.samplers import sampler_metrics
 from lmrl.envs import expand_prompts, pooled, prompt_families, rollout
 from lmrl.eval.evaluator import evaluate
-from lmrl.learners.checkpoint import (clean_partial, latest_checkpoint, load_checkpoint, restore_rng, rng_state,
-                                     save_checkpoint)
+from lmrl.learners.checkpoint import clean_partial
 from lmrl.loops.batching import to_batch
 from lmrl.loops.progress import StepProgress
 from lmrl.loops.providers import provide, requested_inputs
 from lmrl.loops.run_dir import RunDir
+from lmrl.loops.run_state import RunState
 from lmrl.dist import Parallel
 from lmrl.loops.setup import Stages, build_stages, data_parallel
 from lmrl.loops.stopping import stop_reason
@@ -117,13 +116,6 @@ def batch_inputs(s: Stages, groups: list[Group], step: int) -> InputContext:
                         tokenizer=s.tokenizer, algorithm=s.algorithm)
 
 
-def step_boundary(s: Stages, gens: dict, run: RunDir) -> dict:
-    """Everything besides the weights that a checkpoint at the end of this step must restore, including
-    how far the logs had got (a resumed run rewinds them there and logs the rest again)."""
-    return {"sampler": s.sampler.state_dict(), "rng": rng_state(gens), "algorithm": s.algorithm.state_dict(),
-            "rewards": s.scorer.state_dict(), "sample_source": source_state(s.add_samples), "logs": run.positions()}
-
-
 def open_run(cfg: Config, resume: Path | None, parallel: Parallel | None = None) -> RunDir:
     """The run directory: a new one, or `resume`, whose own config must match `cfg` (but for resumable keys).
     In a data-parallel run rank 0 opens it and the other ranks get it muted."""
@@ -162,33 +154,6 @@ def train_here(cfg: Config, resume: Path | None = None, stages: Stages | None = 
         return run_steps(cfg, run, resume, stages or build_stages(cfg))
 
 
-def resume_state(s: Stages, run: RunDir, resume: Path | None, gens: dict, result: "RunResult") -> tuple[int, dict]:
-    """Load the last complete checkpoint of `resume` into the stages: (its step, its saved state).
-    (0, {}) for a new run, or one killed before its first checkpoint."""
-    if not resume:
-        return 0, {}
-    ckpt = latest_checkpoint(run.checkpoints)
-    if ckpt is None:
-        run.rewind(None)  # killed before its first checkpoint: start over
-        return 0, {}
-    state = load_checkpoint(ckpt, s.model, s.learner.optimizer, s.learner.scheduler, modules=s.learner.modules())
-    start = state["step"]
-    if start > s.cfg.trainer.steps:
-        raise ConfigError(f"{ckpt} is at step {start}, past trainer.steps={s.cfg.trainer.steps}")
-    s.sampler.load_state_dict(state["sampler"])
-    restore_rng(state["rng"], gens)
-    s.algorithm.load_state_dict(state.get("algorithm", {}))
-    s.scorer.load_state_dict(state.get("rewards", {}))
-    load_source_state(s.add_samples, state.get("sample_source", {}))
-    result.eval_before, result.eval_after = state.get("eval_before", {}), state.get("eval_after", {})
-    s.engine.update_weights(None, start)
-    if "logs" in state:
-        run.rewind(state["logs"])
-    else:  # a checkpoint from a version that did not record log positions
-        run.truncate_after(start)
-    return start, state
-
-
 def learn(s: Stages, kept: list[Group], step: int) -> dict[str, float] | None:
     """One update on the kept groups: assemble the batch, provide its inputs, prepare, update, replay.
     None when no sample was scored (no update)."""
@@ -220,15 +185,6 @@ def evaluate_now(s: Stages, run: RunDir, step: int, engine=None, progress: StepP
     return metrics
 
 
-def save(s: Stages, run: RunDir, step: int, result: "RunResult", boundary: dict) -> None:
-    """A checkpoint at `step`: rank 0 writes it while the other ranks wait."""
-    if s.parallel.is_main:
-        save_checkpoint(run.checkpoints, step, s.model, s.tokenizer, s.learner.optimizer, s.learner.scheduler,
-                        {"step": step, "eval_before": result.eval_before, "eval_after": result.eval_after, **boundary},
-                        keep=s.cfg.run.keep_checkpoints, modules=s.learner.modules())
-    s.parallel.barrier()
-
-
 def log_inputs_order(s: Stages, run: RunDir) -> None:
     if "reward_components" in requested_inputs(s.algorithm):  # the column order of [B, K]
         run.log(0, {"inputs/reward_components": ",".join(c.name for c in s.cfg.reward.components)})
@@ -240,9 +196,9 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
         from lmrl.loops.async_ import run_async_steps
 
         return run_async_steps(cfg, run, resume, s)
-    gens = {"rollout": s.generator, "shuffle": s.learner.shuffle}
     result = RunResult(run.path, cfg.trainer.steps)
-    start, state = resume_state(s, run, resume, gens, result)
+    run_state = RunState(s, run, result)
+    start, state = run_state.resume(resume)
     if state.get("stopped"):  # a run that `trainer.stop_when` ended stays ended
         result.steps, result.stopped = start, state["stopped"]
         return result
@@ -251,7 +207,7 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
     progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress and s.parallel.is_main)
     if start == 0 and cfg.eval.at_start and s.eval_rows:
         result.eval_before = evaluate_now(s, run, 0, progress=progress)
-    boundary = step_boundary(s, gens, run)
+    boundary = run_state.boundary()
     done, saved, updates_at_boundary = start, start, s.learner.optimizer_steps
     try:
         with progress:
@@ -278,7 +234,7 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                                 "timing/step_s": time.perf_counter() - t0, "tokens_per_s": generated / t_rollout,
                                 "timing/threads": float(threads),
                                 **s.data_notes})
-                metrics.update(guard_step(s, run.checkpoints, gens, step, metrics))
+                metrics.update(run_state.guard_step(step, metrics))
                 stopped = stop_reason(cfg.trainer.stop_when, metrics)
                 run.log(step, {**metrics, **({"stopped": stopped} if stopped else {})})
                 run.log_samples(step, [_sample_row(g, "train") for g in seen[:2]])
@@ -290,9 +246,9 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                 if last and cfg.eval.at_end and s.eval_rows:
                     result.eval_after = evaluate_now(s, run, step, progress=progress)
                 done, updates_at_boundary = step, s.learner.optimizer_steps
-                boundary = {**step_boundary(s, gens, run), "stopped": stopped}
+                boundary = {**run_state.boundary(), "stopped": stopped}
                 if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
-                    save(s, run, step, result, boundary)
+                    run_state.save(step, boundary)
                     saved = step
                 if stopped:
                     result.steps, result.stopped = step, stopped
@@ -300,7 +256,7 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
     except BaseException:
         # weights still match `boundary` (one process: the other ranks of a parallel run may be gone)
         if done > saved and s.learner.optimizer_steps == updates_at_boundary and s.parallel.world_size == 1:
-            save(s, run, done, result, boundary)
+            run_state.save(done, boundary)
         raise
     return result
 
