@@ -24,6 +24,7 @@ from lmrl.engines import ENGINES
 from lmrl.engines.weight_sync import WEIGHT_TRANSPORTS
 from lmrl.envs import ENVIRONMENTS, TASKS
 from lmrl.eval.trackers import check_trackers
+from lmrl.learners.inputs import provided_inputs
 from lmrl.learners.pmi import pmi_field
 from lmrl.presets import PRESETS
 from lmrl.registry import KnobError, check_knobs
@@ -229,8 +230,6 @@ def _critic(cfg: Config) -> None:
 
 def _inputs(cfg: Config) -> None:
     """Every input a method declares must be one the loop provides (reward components: at least two)."""
-    from lmrl.loops.providers import provided_inputs  # lmrl.loops builds its stages with these checks
-
     a, provided = cfg.algo, provided_inputs()
     for setting, spec in ((f"algo.advantage={a.advantage}", ADVANTAGES.spec(a.advantage)),
                           (f"algo.loss={a.loss}", LOSSES.spec(a.loss))):

@@ -1,8 +1,9 @@
 """The input providers that run the model: they need the learner, so they run on the assembled batch,
-just before `Algorithm.prepare`, in this order (`lmrl.data.inputs` has the registry)."""
+just before `Algorithm.prepare`, in this order (`lmrl.data.inputs` has the registry). With them every
+provider is registered, so `provided_inputs` here is the whole list config validation checks against."""
 from __future__ import annotations
 
-from lmrl.algos.inputs import MODEL_OUTPUTS
+from lmrl.algos.inputs import ALIASES, MODEL_OUTPUTS
 from lmrl.data.inputs import PROVIDERS, InputContext
 from lmrl.algos.teacher import DISTILL_INPUTS
 from lmrl.learners.pmi import pmi, pmi_field
@@ -52,3 +53,9 @@ def old_logprobs(batch: Batch, ctx: InputContext) -> None:
                     needs={"learner", "tokenizer", "samples", "rows", "cfg", "algorithm"})
 def teacher_logprobs(batch: Batch, ctx: InputContext) -> None:
     teacher_inputs(batch, ctx.samples, ctx.rows, ctx.learner, ctx.tokenizer, ctx.cfg, ctx.algorithm.teacher)
+
+
+def provided_inputs() -> set[str]:
+    """Every per-sample input name some provider can fill (with the estimators' aliases of them)."""
+    names = {name for spec in PROVIDERS.specs().values() for name in spec.provides}
+    return names | {alias for alias, target in ALIASES.items() if target in names}

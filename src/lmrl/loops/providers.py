@@ -4,20 +4,15 @@ The providers and their registry are in `lmrl.data.inputs` (those that run the m
 `lmrl.learners.inputs`). The loop requests what the algorithm declares (`requested_inputs`) and runs
 every provider that fills one of those names, or fills every batch (`always`): the providers that
 need no learner when the batch is assembled, the others just before `Algorithm.prepare`. Config
-validation checks a method's declared inputs against `provided_inputs()`. docs/architecture.md.
+validation checks a method's declared inputs against `provided_inputs()` (`lmrl.learners.inputs`).
+docs/architecture.md.
 """
 from __future__ import annotations
 
 import lmrl.learners.inputs  # noqa: F401  (registers the providers that run the model)
-from lmrl.algos.inputs import ALIASES, canonical
+from lmrl.algos.inputs import canonical
 from lmrl.data.inputs import PROVIDERS, InputContext
 from lmrl.types import Batch
-
-
-def provided_inputs() -> set[str]:
-    """Every per-sample input name some provider can fill (with the estimators' aliases of them)."""
-    names = {name for spec in PROVIDERS.specs().values() for name in spec.provides}
-    return names | {alias for alias, target in ALIASES.items() if target in names}
 
 
 def requested_inputs(algorithm) -> frozenset[str]:
