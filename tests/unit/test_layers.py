@@ -171,3 +171,9 @@ def test_no_private_name_crosses_a_layer():
 def test_cycle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_imported_names_reads_relative_and_function_level_imports(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import os.path\nfrom .b import c\n\n\ndef f():\n    from .. import d\n    from lmrl.x import y\n")
+    assert imported_names(path, "lmrl.pkg") == ["os.path", "lmrl.pkg.b.c", "lmrl.d", "lmrl.x.y"]
