@@ -141,6 +141,13 @@ class DataConfig(Section):
     source_params: dict[str, Any] = Field(default_factory=dict)  # knobs of hints | guided_replay | privileged | replay
 
 
+class TermConfig(Section):
+    """One more objective term by its registered name (algos/terms.py TERMS): + coef · term."""
+    name: str
+    coef: float = 1.0
+    params: dict[str, Any] = Field(default_factory=dict)  # the term's knobs, bound to its signature
+
+
 class DistillConfig(Section):
     """Distillation from the policy under a privileged context (docs/methods/hindsearch.md); coef 0: off."""
     coef: float = Field(0.0, ge=0)  # β: + β · estimator(log π, log π_teacher) on the selected tokens
@@ -196,6 +203,7 @@ class AlgoConfig(Section):
     demo_nll_coef: float = Field(0.0, ge=0)  # SGT: + coef · Σ_demo rows (−mean log p) / rows in the batch
     distill: DistillConfig = Field(default_factory=DistillConfig)  # HindSearch-style privileged-context teacher
     guards: GuardConfig = Field(default_factory=GuardConfig)  # ratio / NaN / entropy guards with rollback
+    extra_terms: list[TermConfig] = Field(default_factory=list)  # registered terms beyond those the keys above switch on
 
 
 class StopRule(Section):

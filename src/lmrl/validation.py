@@ -16,6 +16,7 @@ from lmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from lmrl.algos.inputs import ALIASES, INPUT_KNOBS, ROW_FIELD_INPUTS
 from lmrl.algos.teacher import DISTILL_INPUTS, TEACHER_CONTEXTS
 from lmrl.algos.state import state_knobs
+from lmrl.algos.terms import KEYED_TERMS, TERMS, active_terms
 from lmrl.config import Config, ConfigError
 from lmrl.data import GROUP_FILTERS, SAMPLERS
 from lmrl.data.samplers import RUN_ARGUMENTS
@@ -57,6 +58,11 @@ def _registered(cfg: Config) -> None:
     for key, registry, name in checks:
         if name not in registry:
             raise ConfigError(f"{key}: {registry.unknown_message(name)}")
+    for i, t in enumerate(a.extra_terms):  # a term the config keys switch on is not added twice
+        if t.name not in TERMS:
+            raise ConfigError(f"algo.extra_terms[{i}].name: {TERMS.unknown_message(t.name)}")
+        if t.name in KEYED_TERMS:
+            raise ConfigError(f"algo.extra_terms[{i}].name: the {t.name!r} term is switched on by {KEYED_TERMS[t.name]}")
 
 
 def _rollout_workers(cfg: Config) -> None:
@@ -265,6 +271,8 @@ def _knob_sites(cfg: Config) -> list[tuple[str, Any, str, dict, dict]]:
         ("algo.advantage_params", ADVANTAGES, a.advantage, a.advantage_params,
          {"passed": 3, "complete": False, "consumed": INPUT_KNOBS | set(state_knobs(ADVANTAGES.spec(a.advantage)))}),
     ]
+    sites += [(f"algo.extra_terms[{i}].params", TERMS, t.name, t.params, {"passed": 2})
+              for i, t in enumerate(a.extra_terms)]
     if d.coef > 0 or d.params:
         sites.append(("algo.distill.params", TEACHER_CONTEXTS, d.context, d.params, {}))
     if cfg.env.name:  # a registered instance takes no params: any given is unknown
@@ -363,8 +371,9 @@ def streaming_problems(cfg: Config) -> list[str]:
          f"algo.advantage={a.advantage} / algo.loss={a.loss} keep a state that learns from the whole batch"),
         (AGGREGATIONS.spec(a.aggregation).denominator is None,
          f"algo.aggregation={a.aggregation} declares no single denominator to divide the summed gradients by"),
-        (a.critic, "algo.critic adds a value loss with a denominator of its own"),
-        (a.demo_nll_coef > 0, "algo.demo_nll_coef adds a demonstration term with a denominator of its own"),
+        *((TERMS.spec(t.name).denominator != "aggregation",
+           f"the {t.name!r} term ({KEYED_TERMS.get(t.name, 'algo.extra_terms')}) has a denominator of its own")
+          for t in active_terms(a)),
         (t.epochs * t.mini_batches > 1, "trainer.epochs and trainer.mini_batches must be 1: the update is one "
                                         "optimiser step on the whole batch"),
         (cfg.data.group_filter != "none", f"data.group_filter={cfg.data.group_filter} re-rolls prompts until "

@@ -5,9 +5,10 @@ learner minimises (`objective`). The learner only sees these methods and what th
 declares it needs (`prepare_outputs`: model outputs before `prepare`; `needs`: model outputs in the
 training forward; `critic`: a value head), never the names. What the configured estimator and loss
 need and guarantee is read from their declarations (`ADVANTAGES.spec`, `LOSSES.spec`). Methods with
-state between steps (`algos/state.py`) are driven through `after_update` and `replays`. With
-`algo.distill.coef` > 0 the objective also pulls the policy toward itself under a privileged context
-(`algos/teacher.py`), on the tokens the teacher inputs select.
+state between steps (`algos/state.py`) are driven through `after_update` and `replays`. The
+objective is the sum of the registered terms the config switches on (`algos/terms.py`: policy
+gradient, KL, distillation under a privileged context, entropy, demonstration NLL, value, and any
+`algo.extra_terms`); the algorithm composes them and names none.
 """
 from __future__ import annotations
 
@@ -16,15 +17,16 @@ from dataclasses import dataclass
 import torch
 
 from lmrl.algos.advantages import ADVANTAGES, outcome_to_token_rewards
-from lmrl.algos.aggregation import AGGREGATIONS, AggScale, token_mean
+from lmrl.algos.aggregation import AggScale
 from lmrl.algos.cost_aware import cost_aware_weights
-from lmrl.algos.critic import clipped_value_loss, explained_variance
+from lmrl.algos.critic import explained_variance
 from lmrl.algos.inputs import gather, model_outputs_for, optional_inputs
-from lmrl.algos.kl import KL_ESTIMATORS, k1
+from lmrl.algos.kl import k1
 from lmrl.algos.losses import LOSSES, LossInputs
 from lmrl.algos.guards import Guard
 from lmrl.algos.state import build_state
-from lmrl.algos.teacher import DISTILL_ESTIMATORS, DISTILL_INPUTS, TEACHER_CONTEXTS
+from lmrl.algos.teacher import DISTILL_INPUTS, TEACHER_CONTEXTS
+from lmrl.algos.terms import TERMS, active_terms, compose, term_inputs
 from lmrl.config import AlgoConfig
 from lmrl.stats import overlong_penalty
 from lmrl.types import Batch
@@ -38,10 +40,7 @@ class Algorithm:
     def __post_init__(self):
         self.advantage_fn = ADVANTAGES.get(self.cfg.advantage)
         self.advantage_spec = ADVANTAGES.spec(self.cfg.advantage)
-        self.loss_fn = LOSSES.get(self.cfg.loss)
         self.loss_spec = LOSSES.spec(self.cfg.loss)
-        self.aggregate = AGGREGATIONS.get(self.cfg.aggregation)
-        self.kl_fn = KL_ESTIMATORS.get(self.cfg.kl_estimator)
         self.token_mask_fn = self.loss_spec.token_mask if self.cfg.rejected_tokens == "drop" else None
         advantage_state, self.advantage_knobs = build_state(self.advantage_spec, self.cfg.advantage_params)
         loss_state, self.loss_knobs = build_state(self.loss_spec, self.cfg.loss_params)
@@ -50,6 +49,8 @@ class Algorithm:
             self.states["guard"] = Guard(self.cfg.guards)
         d = self.cfg.distill
         self.teacher = TEACHER_CONTEXTS.get(d.context)(**d.params) if d.coef > 0 else None  # its provider calls it
+        self.terms = active_terms(self.cfg)
+        self.term_inputs = term_inputs(self.terms)
 
     @property
     def requires(self) -> set[str]:
@@ -70,7 +71,7 @@ class Algorithm:
     @property
     def needs(self) -> set[str]:
         """Model outputs the learner adds to `LossInputs.extras` in the training forward."""
-        return ({"values"} if self.critic else set()) | (self.loss_spec.requires & {"values", "hidden"})
+        return (self.term_inputs | self.loss_spec.requires) & {"values", "hidden"}
 
     @property
     def hidden_layer(self) -> int:
@@ -84,32 +85,38 @@ class Algorithm:
 
     @property
     def needs_reference(self) -> bool:
-        return self.cfg.kl_coef > 0 or "ref_logp" in self.requires
+        return self.cfg.kl_coef > 0 or "ref_logp" in self.requires | self.term_inputs
 
     @property
     def needs_entropy_grad(self) -> bool:
         """Exact per-token entropy is computed when the bonus or the loss itself uses it."""
-        return self.cfg.entropy_coef != 0 or self.loss_spec.needs_entropy
+        return "entropy" in self.term_inputs or self.loss_spec.needs_entropy
 
     def inert_rows(self, batch: Batch) -> torch.Tensor:
         """[B] bool: rows whose loss and gradient are exactly zero, so the learner may skip them.
 
         True where every advantage of the row is 0, the loss is declared zero there
-        (`zero_at_zero_advantage`: row-local and proportional to A), and no KL or entropy term
-        would still pull on the row (demonstration rows under `demo_nll_coef` and rows with distilled
-        tokens always train). Denominators stay those of the whole batch (`scale`).
+        (`zero_at_zero_advantage`: row-local and proportional to A), and no other term still pulls on
+        the row: a term over the loss mask (KL, entropy, value) leaves no row inert, a term over its
+        own weights (demonstration rows, distilled tokens) only the rows without them. Denominators stay
+        those of the whole batch (`scale`).
         """
+        rows = batch.completion_mask.shape[0]
         inert = self._inert_by_advantage(batch)
-        if self.cfg.demo_nll_coef > 0 and "demonstration" in batch.row_extras:
-            inert = inert & (batch.row_extras["demonstration"] == 0)
-        if self.teacher is not None and "teacher_mask" in batch.extras:
-            inert = inert & (batch.extras["teacher_mask"].sum(1) == 0)
+        for term in self.terms:
+            spec = TERMS.spec(term.name)
+            if spec.follows_advantages:
+                continue
+            if spec.weights == "loss_mask":
+                return torch.zeros(rows, dtype=torch.bool)
+            weights = batch.row_extras.get(spec.weights, batch.extras.get(spec.weights))
+            if weights is not None:
+                inert = inert & (weights.reshape(rows, -1).sum(1) == 0)
         return inert
 
     def _inert_by_advantage(self, batch: Batch) -> torch.Tensor:
         rows = batch.completion_mask.shape[0]
-        if (not self.loss_spec.zero_at_zero_advantage or self.cfg.entropy_coef != 0
-                or (self.cfg.kl_coef > 0 and not self.cfg.kl_in_reward) or batch.advantages is None or self.critic):
+        if not self.loss_spec.zero_at_zero_advantage or batch.advantages is None:
             return torch.zeros(rows, dtype=torch.bool)
         return ((batch.advantages != 0) & (batch.completion_mask > 0)).sum(1) == 0
 
@@ -250,48 +257,16 @@ class Algorithm:
                 "cost_aware/token_frac": float(lengths[selected].sum() / lengths.sum().clamp(min=1))}
 
     def objective(self, inputs: LossInputs, scale: AggScale) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scalar loss of one micro-batch, normalised by batch-level denominators.
+        """Scalar loss of one micro-batch, normalised by batch-level denominators: Σ coef · term (`algos/terms.py`).
 
         Aggregates over `inputs.mask` less the tokens the loss rejects (see `aggregation_mask`); the
         denominators in `scale` were computed from the same mask over the whole mini-batch.
         """
-        token_loss, metrics = self.loss_fn(inputs, eps_low=self.cfg.eps_low, eps_high=self.cfg.eps_high,
-                                           dual_clip=self.cfg.dual_clip, **self.loss_knobs)
-        metrics = dict(metrics)
         mask = inputs.mask
         if self.token_mask_fn is not None:
             mask = mask * self._keep(inputs.old_logp, inputs.extras["rollout_logp"], mask)
-        metrics["pg_loss"] = float(self.aggregate(token_loss.detach(), mask, AggScale.of(mask)))
+        total, metrics = compose(self.terms, inputs, mask, scale, self.cfg.aggregation)
         guard = self.states.get("guard")
         if guard is not None and "rollout_logp" in inputs.extras:
             metrics.update(guard.token_metrics(inputs.logp, inputs.extras["rollout_logp"], inputs.mask))
-        if self.cfg.kl_coef > 0 and not self.cfg.kl_in_reward:
-            kl = self.kl_fn(inputs.logp, inputs.ref_logp)
-            token_loss = token_loss + self.cfg.kl_coef * kl
-            metrics["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
-        if self.teacher is not None:
-            token_loss = token_loss + self._distill(inputs, metrics)
-        if self.cfg.entropy_coef != 0:
-            token_loss = token_loss - self.cfg.entropy_coef * inputs.entropy
-        total = self.aggregate(token_loss, mask, scale)
-        if self.cfg.demo_nll_coef > 0 and "demonstration" in inputs.extras:
-            demo = (inputs.extras["demonstration"] > 0).to(inputs.logp.dtype)
-            per_row = -(inputs.logp * inputs.mask).sum(1) / inputs.mask.sum(1).clamp(min=1)
-            total = total + self.cfg.demo_nll_coef * (per_row * demo).sum() / max(scale.num_seqs, 1.0)
-            if demo.sum() > 0:
-                metrics["demo_nll"] = float((per_row.detach() * demo).sum() / demo.sum())
-        if self.critic:
-            x = inputs.extras
-            value_loss, clipped = clipped_value_loss(x["values"], x["old_values"], x["returns"], self.cfg.value_clip)
-            total = total + self.cfg.value_coef * token_mean(value_loss, mask, scale)
-            metrics["critic/value_loss"] = float((value_loss.detach() * mask).sum() / mask.sum().clamp(min=1))
-            metrics["critic/clip_frac"] = float((clipped * mask).sum() / mask.sum().clamp(min=1))
         return total, metrics
-
-    def _distill(self, inputs: LossInputs, metrics: dict[str, float]) -> torch.Tensor:
-        """coef · estimator(log π, log π_teacher) per token on the teacher mask; logs its mean there."""
-        where = inputs.extras["teacher_mask"]
-        term = DISTILL_ESTIMATORS[self.cfg.distill.estimator](inputs.logp, inputs.extras["teacher_logp"]) * where
-        if where.sum() > 0:
-            metrics["distill/kl"] = float(term.detach().sum() / where.sum())
-        return self.cfg.distill.coef * term

@@ -1,4 +1,4 @@
-"""What each estimator, loss and loss aggregation declares at registration: the inputs it needs and what it guarantees.
+"""What each estimator, loss, loss aggregation and objective term declares at registration: the inputs it needs and what it guarantees.
 
 `ADVANTAGES.register("grpo", "...", group_relative=True)` stores an `AdvantageSpec`;
 `ADVANTAGES.spec("grpo")` reads it back. Config checks, the loop's inputs and the learner's shortcuts
@@ -60,3 +60,23 @@ class LossSpec:
         (`data.demonstrations: peers`, docs/methods/demonstrations.md), where token ratios do not exist.
         """
         return self.sequence_is and (self.sequence_is_when is None or self.sequence_is_when(knobs))
+
+
+@dataclass(frozen=True)
+class TermSpec:
+    """An objective term (`algos/terms.py`): what it reads, which token weights, how it is normalised."""
+
+    inputs: frozenset[str] = frozenset()  # `LossInputs` fields and `extras` names it reads
+    weights: str = "loss_mask"  # the token-weight stream it sums over: the loss mask or an `extras` name
+    denominator: str = "aggregation"  # "aggregation" (per token, the algorithm's aggregation over the loss
+    # mask, shared with the pg loss), "tokens" (per token, / valid tokens) or "sequences" (per row, / rows)
+    only_with_weights: bool = False  # a micro-batch without its weight stream in `extras` gets no such term
+    follows_advantages: bool = False  # zero on rows whose advantages are 0 when the loss is `zero_at_zero_advantage`
+
+    def __post_init__(self):
+        object.__setattr__(self, "inputs", frozenset(self.inputs))
+        if self.denominator not in DENOMINATORS:
+            raise ValueError(f"denominator {self.denominator!r} is not one of {sorted(DENOMINATORS)}")
+
+
+DENOMINATORS = frozenset({"aggregation", "tokens", "sequences"})

@@ -1,0 +1,149 @@
+"""The objective as a sum of registered terms, each declaring its inputs, token weights and denominator.
+
+A training step minimises Σ coef · term. A term is a pure function `(inputs, mask, **knobs) ->
+(value, metrics)` over one micro-batch; `mask` is the loss mask (the completion mask less the tokens
+the loss rejects). Its `TermSpec` says how `Algorithm.objective` normalises the value:
+
+- "aggregation": a [B, T] per-token loss. These terms are weighted and summed per token, in their
+  order, then aggregated once by `algo.aggregation` over the loss mask: the policy-gradient loss,
+  KL, distillation and entropy share the method's denominator, as the methods define them.
+- "tokens": a [B, T] per-token loss, / the batch's valid tokens (`token_mean`), added after.
+- "sequences": a [B] per-row loss, summed, / the batch's rows, added after.
+
+Denominators come from `AggScale` over the whole mini-batch, so micro-batching stays exact. Today's
+config keys are the sugar that switches terms on (`active_terms`); `algo.extra_terms` adds any other
+registered term by name (docs/architecture.md, "The objective as terms").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lmrl.algos.aggregation import AGGREGATIONS, AggScale, token_mean
+from lmrl.algos.critic import clipped_value_loss
+from lmrl.algos.declarations import TermSpec
+from lmrl.algos.kl import KL_ESTIMATORS
+from lmrl.algos.losses import LOSSES, LossInputs
+from lmrl.algos.state import state_knobs
+from lmrl.algos.teacher import DISTILL_ESTIMATORS
+from lmrl.config import AlgoConfig
+from lmrl.registry import Registry
+
+TERMS: Registry = Registry("objective term", declares=TermSpec)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean of `x` over `mask` (a logged value, no gradient)."""
+    return float((x.detach() * mask).sum() / mask.sum().clamp(min=1))
+
+
+@TERMS.register("policy_gradient", "the configured policy loss (algo.loss) on the advantages",
+                inputs={"logp", "old_logp", "advantages"}, follows_advantages=True)
+def policy_gradient(inputs: LossInputs, mask: torch.Tensor, loss: str, aggregation: str, eps_low: float,
+                    eps_high: float, dual_clip: float | None, loss_knobs: dict[str, Any]):
+    token_loss, metrics = LOSSES.get(loss)(inputs, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
+                                           **loss_knobs)
+    metrics = dict(metrics)
+    metrics["pg_loss"] = float(AGGREGATIONS.get(aggregation)(token_loss.detach(), mask, AggScale.of(mask)))
+    return token_loss, metrics
+
+
+@TERMS.register("kl", "KL to the reference policy per token (algo.kl_estimator)", inputs={"logp", "ref_logp"})
+def kl(inputs: LossInputs, mask: torch.Tensor, estimator: str):
+    value = KL_ESTIMATORS.get(estimator)(inputs.logp, inputs.ref_logp)
+    return value, {"kl": masked_mean(value, mask)}
+
+
+@TERMS.register("distill", "reverse KL to the policy under a privileged context, on the teacher's tokens",
+                inputs={"logp", "teacher_logp", "teacher_mask"}, weights="teacher_mask")
+def distill(inputs: LossInputs, mask: torch.Tensor, estimator: str):
+    where = inputs.extras["teacher_mask"]
+    value = DISTILL_ESTIMATORS[estimator](inputs.logp, inputs.extras["teacher_logp"]) * where
+    return value, ({"distill/kl": float(value.detach().sum() / where.sum())} if where.sum() > 0 else {})
+
+
+@TERMS.register("entropy", "the policy's exact token entropy (a bonus: its coefficient is -algo.entropy_coef)",
+                inputs={"entropy"})
+def entropy(inputs: LossInputs, mask: torch.Tensor):
+    return inputs.entropy, {}
+
+
+@TERMS.register("demo_nll", "SGT: each demonstration row's mean negative log-likelihood",
+                inputs={"logp", "demonstration"}, weights="demonstration", denominator="sequences",
+                only_with_weights=True)
+def demo_nll(inputs: LossInputs, mask: torch.Tensor):
+    demo = (inputs.extras["demonstration"] > 0).to(inputs.logp.dtype)
+    per_row = -(inputs.logp * inputs.mask).sum(1) / inputs.mask.sum(1).clamp(min=1)
+    metrics = {"demo_nll": float((per_row.detach() * demo).sum() / demo.sum())} if demo.sum() > 0 else {}
+    return per_row * demo, metrics
+
+
+@TERMS.register("value", "the critic's clipped value loss against its returns",
+                inputs={"values", "old_values", "returns"}, denominator="tokens")
+def value(inputs: LossInputs, mask: torch.Tensor, clip: float | None):
+    x = inputs.extras
+    loss, clipped = clipped_value_loss(x["values"], x["old_values"], x["returns"], clip)
+    return loss, {"critic/value_loss": masked_mean(loss, mask), "critic/clip_frac": masked_mean(clipped, mask)}
+
+
+@dataclass(frozen=True)
+class ActiveTerm:
+    name: str
+    coef: float
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+
+def active_terms(cfg: AlgoConfig) -> list[ActiveTerm]:
+    """The terms this config's keys switch on, in the order they are summed, then `algo.extra_terms`."""
+    spec = LOSSES.spec(cfg.loss)
+    loss_knobs = {k: v for k, v in cfg.loss_params.items() if k not in state_knobs(spec)}
+    terms = [ActiveTerm("policy_gradient", 1.0, {
+        "loss": cfg.loss, "aggregation": cfg.aggregation, "eps_low": cfg.eps_low, "eps_high": cfg.eps_high,
+        "dual_clip": cfg.dual_clip, "loss_knobs": loss_knobs})]
+    if cfg.kl_coef > 0 and not cfg.kl_in_reward:
+        terms.append(ActiveTerm("kl", cfg.kl_coef, {"estimator": cfg.kl_estimator}))
+    if cfg.distill.coef > 0:
+        terms.append(ActiveTerm("distill", cfg.distill.coef, {"estimator": cfg.distill.estimator}))
+    if cfg.entropy_coef != 0:
+        terms.append(ActiveTerm("entropy", -cfg.entropy_coef))
+    if cfg.demo_nll_coef > 0:
+        terms.append(ActiveTerm("demo_nll", cfg.demo_nll_coef))
+    if cfg.critic:
+        terms.append(ActiveTerm("value", cfg.value_coef, {"clip": cfg.value_clip}))
+    return terms + [ActiveTerm(t.name, t.coef, dict(t.params)) for t in cfg.extra_terms]
+
+
+# the config key that switches each built-in term on: `algo.extra_terms` may not add them again
+KEYED_TERMS = {"policy_gradient": "algo.loss", "kl": "algo.kl_coef", "distill": "algo.distill.coef",
+               "entropy": "algo.entropy_coef", "demo_nll": "algo.demo_nll_coef", "value": "algo.critic"}
+
+
+def term_inputs(terms: list[ActiveTerm]) -> set[str]:
+    """Everything the given terms read (what the learner must put into `LossInputs`)."""
+    return set().union(*(TERMS.spec(t.name).inputs for t in terms))
+
+
+def compose(terms: list[ActiveTerm], inputs: LossInputs, mask: torch.Tensor, scale: AggScale,
+            aggregation: str) -> tuple[torch.Tensor, dict[str, float]]:
+    """Σ coef · term of one micro-batch: per-token terms summed then aggregated once, then the others."""
+    metrics: dict[str, float] = {}
+    token_loss, after = None, []
+    for term in terms:
+        spec = TERMS.spec(term.name)
+        if spec.only_with_weights and spec.weights not in inputs.extras:
+            continue
+        value, logged = TERMS.get(term.name)(inputs, mask, **term.knobs)
+        metrics.update(logged)
+        if spec.denominator == "aggregation":
+            token_loss = term.coef * value if token_loss is None else token_loss + term.coef * value
+        else:
+            after.append((spec.denominator, term.coef, value))
+    total = AGGREGATIONS.get(aggregation)(token_loss, mask, scale)
+    for denominator, coef, value in after:
+        if denominator == "sequences":
+            total = total + coef * value.sum() / scale.divisor("num_seqs")
+        else:
+            total = total + coef * token_mean(value, mask, scale)
+    return total, metrics
