@@ -140,7 +140,7 @@ def compose(terms: list[ActiveTerm], inputs: LossInputs, mask: torch.Tensor, sca
             token_loss = term.coef * value if token_loss is None else token_loss + term.coef * value
         else:
             after.append((spec.denominator, term.coef, value))
-    total = AGGREGATIONS.get(aggregation)(token_loss, mask, scale)
+    total = AGGREGATIONS.get(aggregation)(token_loss, mask, scale) if token_loss is not None else mask.new_zeros(())
     for denominator, coef, value in after:
         if denominator == "sequences":
             total = total + coef * value.sum() / scale.divisor("num_seqs")
