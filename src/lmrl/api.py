@@ -50,7 +50,7 @@ class TrainResult(RunResult):
     @property
     def checkpoint(self) -> Path | None:
         """The model folder of the run's latest complete checkpoint (None when it saved none)."""
-        from lmrl.learners.checkpoint import latest_checkpoint
+        from lmrl.models.checkpoint_dirs import latest_checkpoint
 
         found = latest_checkpoint(self.run_dir / "checkpoints")
         return found / "model" if found is not None else None

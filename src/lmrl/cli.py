@@ -175,7 +175,7 @@ def cmd_eval(args) -> int:
 
 def cmd_export(args) -> int:
     """A run's checkpoint as a plain transformers directory, LoRA adapters merged into the weights."""
-    from lmrl.learners.checkpoint import list_checkpoints
+    from lmrl.models.checkpoint_dirs import list_checkpoints
     from lmrl.models.lora import export_merged
 
     cfg = load_run_config(Path(args.run))

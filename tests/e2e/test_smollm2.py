@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from lmrl.cli import main
-from lmrl.learners.checkpoint import latest_checkpoint
+from lmrl.models.checkpoint_dirs import latest_checkpoint
 
 pytestmark = pytest.mark.e2e
 

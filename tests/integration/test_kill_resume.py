@@ -20,7 +20,7 @@ import yaml
 from safetensors.torch import load_file
 
 from conftest import make_tokenizer, write_toy_task
-from lmrl.learners.checkpoint import latest_checkpoint
+from lmrl.models.checkpoint_dirs import latest_checkpoint
 from lmrl.models import tiny_llama
 
 STEPS = 40

@@ -8,7 +8,7 @@ import math
 import shutil
 
 from conftest import make_tokenizer, toy_run_config
-from lmrl.learners.checkpoint import list_checkpoints
+from lmrl.models.checkpoint_dirs import list_checkpoints
 from lmrl.loops import build_stages, train
 from lmrl.models import tiny_llama
 

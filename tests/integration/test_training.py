@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import contains_seven, make_tokenizer, toy_run_config
-from lmrl.learners.checkpoint import list_checkpoints
+from lmrl.models.checkpoint_dirs import list_checkpoints
 from lmrl.loops import build_stages, train
 from lmrl.models import tiny_llama
 from lmrl.rewards import REWARD_FNS

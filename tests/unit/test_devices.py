@@ -9,7 +9,8 @@ from conftest import make_tokenizer, toy_run_config
 from lmrl.algos import Algorithm
 from lmrl.config import AlgoConfig, ConfigError, TrainerConfig, config_to_yaml, load_config, load_run_config
 from lmrl.learners import Learner
-from lmrl.learners.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from lmrl.learners.checkpoint import load_checkpoint, save_checkpoint
+from lmrl.models.checkpoint_dirs import latest_checkpoint
 from lmrl.loops import build_stages, train
 from lmrl.loops.batching import to_batch
 from lmrl.loops.sync import batch_inputs, collect_groups

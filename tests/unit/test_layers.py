@@ -19,8 +19,6 @@ ORDER = ["errors", "types", "stats", "registry", "presets", "recipe_files", "con
 KNOWN_LAYER_BREAKS = {
     ("lmrl.config", "lmrl.validation"): "build_config runs the name checks so that no loaded config goes unchecked; "
                                         "the loaders belong above validation, with their 56 importers",
-    ("lmrl.models.merging", "lmrl.learners.checkpoint"): "merging finds a run's latest complete checkpoint; that "
-                                                         "layout (COMPLETE, latest_checkpoint) belongs below models",
     ("lmrl.validation", "lmrl.eval.trackers"): "the trackers registry needs only config and registry and belongs "
                                                "below validation; the loop imports it from eval/",
 }

@@ -185,7 +185,7 @@ def eval_target(recipe: str | None, overrides: list[str], model: str | None,
 
     `recipe` may be a run directory: its own config.yaml, with its checkpoint at `step` (default: the
     latest) as the model unless `model` is given. A checkpoint's JSON goes to `RUN/eval/step-N.json`."""
-    from lmrl.learners.checkpoint import list_checkpoints
+    from lmrl.models.checkpoint_dirs import list_checkpoints
 
     run = Path(recipe) if recipe and Path(recipe, "config.yaml").is_file() else None
     if run is None and step is not None:

@@ -19,11 +19,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from lmrl.models.checkpoint_dirs import COMPLETE, list_checkpoints
 from lmrl.models.lora import ADAPTER_FILE, load_adapter
 from lmrl.models.weights import is_peft
-
-COMPLETE = "COMPLETE"
-
 
 def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:
     """Every random state a run draws from; the CUDA ones (dropout on the GPU) when CUDA is in use."""
@@ -115,19 +113,6 @@ def save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, schedule
     for old in list_checkpoints(root)[:-keep]:
         remove_checkpoint(old)
     return final
-
-
-def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints, oldest first; half-written temporary directories are ignored."""
-    if not root.exists():
-        return []
-    found = [p for p in root.glob("step-*") if (p / COMPLETE).exists()]
-    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    found = list_checkpoints(root)
-    return found[-1] if found else None
 
 
 def _load_modules(path: Path, modules: dict[str, torch.nn.Module]) -> None:

@@ -22,8 +22,8 @@ import torch
 from lmrl.algos.guards import Guard, GuardError, Verdict, scale_lr
 from lmrl.config import ConfigError
 from lmrl.data import load_source_state, source_state
-from lmrl.learners.checkpoint import (latest_checkpoint, list_checkpoints, load_checkpoint, remove_checkpoint,
-                                     restore_rng, rng_state, save_checkpoint)
+from lmrl.learners.checkpoint import load_checkpoint, remove_checkpoint, restore_rng, rng_state, save_checkpoint
+from lmrl.models.checkpoint_dirs import latest_checkpoint, list_checkpoints
 from lmrl.loops.run_dir import RunDir
 from lmrl.loops.setup import Stages
 

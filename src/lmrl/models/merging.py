@@ -136,7 +136,7 @@ def _plan(n: int, method: str, t: float | None, weights: Sequence[float] | None,
 
 def _checkpoint_of(path: Path) -> Path | None:
     """The lmrl checkpoint `path` names: itself (`checkpoints/step-N`) or a run's latest; else None."""
-    from lmrl.learners.checkpoint import COMPLETE, latest_checkpoint
+    from lmrl.models.checkpoint_dirs import COMPLETE, latest_checkpoint
 
     if (path / COMPLETE).exists() and (path / "model").is_dir():
         return path
