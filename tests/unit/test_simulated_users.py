@@ -20,8 +20,11 @@ from lmrl.rewards.judge_client import JudgeClient
 
 @pytest.fixture(scope="module")
 def tiny():
+    """The tiny shopper, with room for the sales prompt (one token per character, over 512: the default)."""
     tok = make_tokenizer()
-    return tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tok
+    model = tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0)
+    model.config.max_position_embeddings = 4096
+    return model, tok
 
 
 class Scripted:
