@@ -47,22 +47,21 @@ def set_dotted(tree: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def has_dotted(tree: dict, key: str) -> bool:
+_MISSING = object()
+
+
+def _get_dotted(tree: dict, key: str, missing: Any = None) -> Any:
+    """The value at a dotted key of a nested dict, or `missing` when a part of the path is absent."""
     node: Any = tree
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
-
-
-def _get_dotted(tree: dict, key: str) -> Any:
-    node: Any = tree
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
+            return missing
         node = node[part]
     return node
+
+
+def has_dotted(tree: dict, key: str) -> bool:
+    return _get_dotted(tree, key, _MISSING) is not _MISSING
 
 
 def _flow(value: Any) -> str:
