@@ -148,6 +148,12 @@ class TermConfig(Section):
     params: dict[str, Any] = Field(default_factory=dict)  # the term's knobs, bound to its signature
 
 
+class ShaperConfig(Section):
+    """One more reward or advantage transform by its registered name (algos/shapers.py SHAPERS)."""
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)  # the shaper's knobs, bound to its signature
+
+
 class DistillConfig(Section):
     """Distillation from the policy under a privileged context (docs/methods/hindsearch.md); coef 0: off."""
     coef: float = Field(0.0, ge=0)  # β: + β · estimator(log π, log π_teacher) on the selected tokens
@@ -204,6 +210,7 @@ class AlgoConfig(Section):
     distill: DistillConfig = Field(default_factory=DistillConfig)  # HindSearch-style privileged-context teacher
     guards: GuardConfig = Field(default_factory=GuardConfig)  # ratio / NaN / entropy guards with rollback
     extra_terms: list[TermConfig] = Field(default_factory=list)  # registered terms beyond those the keys above switch on
+    extra_shapers: list[ShaperConfig] = Field(default_factory=list)  # registered shapers beyond those the keys above switch on
 
 
 class StopRule(Section):

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from lmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from lmrl.algos.inputs import ALIASES, INPUT_KNOBS, ROW_FIELD_INPUTS
 from lmrl.algos.teacher import DISTILL_INPUTS, TEACHER_CONTEXTS
+from lmrl.algos.shapers import KEYED_SHAPERS, SHAPERS
 from lmrl.algos.state import state_knobs
 from lmrl.algos.terms import KEYED_TERMS, TERMS, active_terms
 from lmrl.config import Config, ConfigError
@@ -63,6 +64,12 @@ def _registered(cfg: Config) -> None:
             raise ConfigError(f"algo.extra_terms[{i}].name: {TERMS.unknown_message(t.name)}")
         if t.name in KEYED_TERMS:
             raise ConfigError(f"algo.extra_terms[{i}].name: the {t.name!r} term is switched on by {KEYED_TERMS[t.name]}")
+    for i, s in enumerate(a.extra_shapers):  # likewise a shaper the config keys switch on
+        if s.name not in SHAPERS:
+            raise ConfigError(f"algo.extra_shapers[{i}].name: {SHAPERS.unknown_message(s.name)}")
+        if s.name in KEYED_SHAPERS:
+            raise ConfigError(f"algo.extra_shapers[{i}].name: the {s.name!r} shaper is switched on by "
+                              f"{KEYED_SHAPERS[s.name]}")
 
 
 def _rollout_workers(cfg: Config) -> None:
@@ -273,6 +280,8 @@ def _knob_sites(cfg: Config) -> list[tuple[str, Any, str, dict, dict]]:
     ]
     sites += [(f"algo.extra_terms[{i}].params", TERMS, t.name, t.params, {"passed": 2})
               for i, t in enumerate(a.extra_terms)]
+    sites += [(f"algo.extra_shapers[{i}].params", SHAPERS, s.name, s.params, {"passed": 2})
+              for i, s in enumerate(a.extra_shapers)]
     if d.coef > 0 or d.params:
         sites.append(("algo.distill.params", TEACHER_CONTEXTS, d.context, d.params, {}))
     if cfg.env.name:  # a registered instance takes no params: any given is unknown

@@ -8,7 +8,9 @@ need and guarantee is read from their declarations (`ADVANTAGES.spec`, `LOSSES.s
 state between steps (`algos/state.py`) are driven through `after_update` and `replays`. The
 objective is the sum of the registered terms the config switches on (`algos/terms.py`: policy
 gradient, KL, distillation under a privileged context, entropy, demonstration NLL, value, and any
-`algo.extra_terms`); the algorithm composes them and names none.
+`algo.extra_terms`); the algorithm composes them and names none. Rewards and advantages pass through
+the registered shapers the config switches on (`algos/shapers.py`: overlong shaping, KL in the reward,
+cost-aware draws, and any `algo.extra_shapers`), applied by stage and named nowhere here.
 """
 from __future__ import annotations
 
@@ -18,17 +20,15 @@ import torch
 
 from lmrl.algos.advantages import ADVANTAGES, outcome_to_token_rewards
 from lmrl.algos.aggregation import AggScale
-from lmrl.algos.cost_aware import cost_aware_weights
 from lmrl.algos.critic import explained_variance
 from lmrl.algos.inputs import gather, model_outputs_for, optional_inputs
-from lmrl.algos.kl import k1
 from lmrl.algos.losses import LOSSES, LossInputs
 from lmrl.algos.guards import Guard
 from lmrl.algos.state import build_state
 from lmrl.algos.teacher import DISTILL_INPUTS, TEACHER_CONTEXTS
+from lmrl.algos.shapers import active_shapers, apply_shapers, shaper_inputs
 from lmrl.algos.terms import TERMS, active_terms, compose, term_inputs
 from lmrl.config import AlgoConfig
-from lmrl.stats import overlong_penalty
 from lmrl.types import Batch
 
 
@@ -51,6 +51,8 @@ class Algorithm:
         self.teacher = TEACHER_CONTEXTS.get(d.context)(**d.params) if d.coef > 0 else None  # its provider calls it
         self.terms = active_terms(self.cfg)
         self.term_inputs = term_inputs(self.terms)
+        self.shapers = active_shapers(self.cfg)
+        self.shaper_inputs = shaper_inputs(self.shapers)
 
     @property
     def requires(self) -> set[str]:
@@ -85,7 +87,7 @@ class Algorithm:
 
     @property
     def needs_reference(self) -> bool:
-        return self.cfg.kl_coef > 0 or "ref_logp" in self.requires | self.term_inputs
+        return self.cfg.kl_coef > 0 or "ref_logp" in self.requires | self.term_inputs | self.shaper_inputs
 
     @property
     def needs_entropy_grad(self) -> bool:
@@ -201,33 +203,32 @@ class Algorithm:
 
     def _estimate(self, batch: Batch) -> dict[str, float]:
         mask = batch.completion_mask
-        rewards = batch.sequence_rewards.clone()
-        metrics: dict[str, float] = {}
-        if self.cfg.overlong_buffer > 0:
-            penalty = overlong_penalty(mask.sum(1), self.max_new_tokens, self.cfg.overlong_buffer,
-                                       self.cfg.overlong_factor)
-            rewards = rewards + penalty
-            metrics["overlong_penalty"] = float(penalty.mean())
+        rewards, metrics = apply_shapers(self.shapers, "rewards", batch.sequence_rewards.clone(),
+                                         self._shaper_inputs(batch))
         batch.extras.setdefault("rollout_logp", batch.behaviour_logprobs)
-        token_rewards = outcome_to_token_rewards(rewards, mask)
-        if self.cfg.kl_in_reward:
-            kl = k1(batch.behaviour_logprobs, batch.extras["ref_logp"]) * mask
-            token_rewards = token_rewards - self.cfg.kl_coef * kl
-            metrics["kl_in_reward"] = float(kl.sum() / mask.sum().clamp(min=1))
+        token_rewards, shaped = apply_shapers(self.shapers, "token_rewards", outcome_to_token_rewards(rewards, mask),
+                                              self._shaper_inputs(batch))
+        metrics.update(shaped)
         knobs = self.advantage_knobs
         required = self.advantage_spec.requires
         inputs = {**optional_inputs(self.advantage_fn, required, batch, knobs), **gather(required, batch, knobs)}
         batch.advantages = self.advantage_fn(token_rewards, batch.group_index, mask, **inputs, **knobs)
         if self.critic:
             metrics.update(self._critic_targets(batch, token_rewards))
-        if self.cfg.cost_aware_fraction > 0:
-            metrics.update(self._cost_aware_draw(batch))
+        batch.advantages, shaped = apply_shapers(self.shapers, "advantages", batch.advantages,
+                                                   self._shaper_inputs(batch))
+        metrics.update(shaped)
         for name in self.prepare_outputs - {"values"}:
             batch.extras.pop(name, None)  # consumed; keeps micro-batches light
         valid = batch.advantages[mask > 0]
         metrics["advantage/mean"] = float(valid.mean()) if valid.numel() else 0.0
         metrics["advantage/abs_mean"] = float(valid.abs().mean()) if valid.numel() else 0.0
         return metrics
+
+    def _shaper_inputs(self, batch: Batch) -> dict:
+        """What a shaper may read (`algos/shapers.py` SHAPER_INPUTS, and the batch's extras as they are now)."""
+        return {**batch.extras, "mask": batch.completion_mask, "behaviour_logp": batch.behaviour_logprobs,
+                "max_new_tokens": self.max_new_tokens}
 
     def _critic_targets(self, batch: Batch, token_rewards: torch.Tensor) -> dict[str, float]:
         """Value targets of a critic-based estimator; the prepare-time values become `old_values`."""
@@ -239,22 +240,6 @@ class Algorithm:
         return {"critic/explained_variance": explained_variance(returns, values, mask),
                 "critic/values_mean": float(values[valid].mean()) if valid.any() else 0.0,
                 "critic/returns_mean": float(returns[valid].mean()) if valid.any() else 0.0}
-
-    def _cost_aware_draw(self, batch: Batch) -> dict[str, float]:
-        """Cost-Aware GRPO: keep the rows drawn by |A_i|/√L_i, A_i ← w_i·A_i (unbiased); the rest become inert.
-
-        A_i is the row's mean advantage over its tokens; draws = round(fraction · rows), with
-        replacement, from torch's global generator (checkpointed, so resume is exact). Denominators
-        stay those of the whole batch.
-        """
-        mask = batch.completion_mask
-        lengths = mask.sum(1)
-        per_row = (batch.advantages * mask).sum(1) / lengths.clamp(min=1)
-        draws = max(1, round(self.cfg.cost_aware_fraction * batch.num_rows))
-        selected, weights = cost_aware_weights(per_row, lengths, draws)
-        batch.advantages = batch.advantages * weights.unsqueeze(1)
-        return {"cost_aware/selected_frac": float(selected.float().mean()),
-                "cost_aware/token_frac": float(lengths[selected].sum() / lengths.sum().clamp(min=1))}
 
     def objective(self, inputs: LossInputs, scale: AggScale) -> tuple[torch.Tensor, dict[str, float]]:
         """Scalar loss of one micro-batch, normalised by batch-level denominators: Σ coef · term (`algos/terms.py`).

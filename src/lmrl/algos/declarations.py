@@ -1,4 +1,4 @@
-"""What each estimator, loss, loss aggregation and objective term declares at registration: the inputs it needs and what it guarantees.
+"""What each estimator, loss, loss aggregation, objective term and shaper declares at registration: the inputs it needs and what it guarantees.
 
 `ADVANTAGES.register("grpo", "...", group_relative=True)` stores an `AdvantageSpec`;
 `ADVANTAGES.spec("grpo")` reads it back. Config checks, the loop's inputs and the learner's shortcuts
@@ -80,3 +80,20 @@ class TermSpec:
 
 
 DENOMINATORS = frozenset({"aggregation", "tokens", "sequences"})
+
+
+@dataclass(frozen=True)
+class ShaperSpec:
+    """A reward or advantage transform (`algos/shapers.py`): which value it rewrites and what else it reads."""
+
+    stage: str = "rewards"  # "rewards" ([B] sequence rewards), "token_rewards" ([B, T], after the outcome is
+    # placed on the last token) or "advantages" ([B, T], after the estimator and the critic's targets)
+    inputs: frozenset[str] = frozenset()  # `SHAPER_INPUTS` names or batch `extras` names it reads
+
+    def __post_init__(self):
+        object.__setattr__(self, "inputs", frozenset(self.inputs))
+        if self.stage not in STAGES:
+            raise ValueError(f"stage {self.stage!r} is not one of {list(STAGES)}")
+
+
+STAGES = ("rewards", "token_rewards", "advantages")  # the order `Algorithm.prepare` applies shapers in

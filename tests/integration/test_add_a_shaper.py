@@ -1,0 +1,69 @@
+"""Adding a reward shaper touches no config, algorithm, validation or loop file (docs/architecture.md,
+"Shapers"): a clip of the sequence rewards registered here is switched on by `algo.extra_shapers`,
+runs in its stage before the estimator, and a tiny model trains with it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import make_tokenizer, toy_run_config
+from lmrl.algos import Algorithm
+from lmrl.algos.shapers import SHAPERS, active_shapers
+from lmrl.config import AlgoConfig, ConfigError
+from lmrl.loops import build_stages, train
+from lmrl.models import tiny_llama
+from lmrl.types import Sample, collate
+
+
+@SHAPERS.register("reward_clip", "clip each sequence reward to [low, high]", stage="rewards")
+def reward_clip(rewards, inputs, low: float = -1.0, high: float = 1.0):
+    clipped = rewards.clamp(low, high)
+    return clipped, {"reward_clip/frac": float((clipped != rewards).float().mean())}
+
+
+def shaper_config(tmp_path, steps=2, **shaper):
+    return toy_run_config(tmp_path, steps, algo={"extra_shapers": [{"name": "reward_clip", **shaper}]})
+
+
+def test_the_shaper_runs_after_the_keyed_ones_of_its_stage_and_before_the_estimator(tmp_path):
+    cfg = shaper_config(tmp_path, params={"high": 0.5}).algo.model_copy(update={"overlong_buffer": 2})
+    assert [s.name for s in active_shapers(cfg)] == ["overlong", "reward_clip"]
+    samples = [Sample([1, 2], [5] * n, [-0.5] * n, reward=r) for r, n in zip([1.0, 2.0, 0.0], [2, 4, 2])]
+    batch = collate(samples, [0, 0, 0], pad_id=0)
+    metrics = Algorithm(cfg.model_copy(update={"advantage": "dr_grpo"}), max_new_tokens=4).prepare(batch)
+    # overlong: the 4-token row loses (4 - 2) / 2 = 1 → [1, 1, 0]; clipped to 0.5 → [0.5, 0.5, 0] (2 of 3 rows)
+    assert metrics["reward_clip/frac"] == pytest.approx(2 / 3)
+    # dr_grpo: r − mean = 0.5 − 1/3 on the first two rows, −1/3 on the last
+    per_row = (batch.advantages * batch.completion_mask).sum(1) / batch.completion_mask.sum(1)
+    assert per_row.tolist() == pytest.approx([1 / 6, 1 / 6, -1 / 3])
+
+
+def test_a_registered_shaper_trains_a_tiny_model(tmp_path):
+    cfg = shaper_config(tmp_path, params={"low": 0.0, "high": 0.0})  # every reward clipped to 0
+    tok = make_tokenizer()
+    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
+    result = train(cfg, stages=stages)
+    rows = [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(0 <= r["reward_clip/frac"] <= 1 for r in steps)
+    assert all(r["advantage/abs_mean"] == 0.0 for r in steps)  # equal (clipped) rewards leave no advantage
+
+
+@pytest.mark.parametrize("shaper, error", [
+    ({"params": {"hi": 2.0}}, "unknown param 'hi' of shaper 'reward_clip'; did you mean 'high'?"),
+    ({"name": "reward_clap"}, "algo.extra_shapers[0].name"),
+    ({"name": "overlong"}, "the 'overlong' shaper is switched on by algo.overlong_buffer"),
+])
+def test_extra_shapers_are_checked_at_config_time(tmp_path, shaper, error):
+    with pytest.raises(ConfigError) as err:
+        shaper_config(tmp_path, **shaper)
+    assert error in str(err.value)
+
+
+def test_the_keys_switch_on_the_built_in_shapers_in_order():
+    cfg = AlgoConfig(overlong_buffer=2, kl_in_reward=True, kl_coef=0.1, cost_aware_fraction=0.5)
+    assert [(s.name, s.knobs) for s in active_shapers(cfg)] == [
+        ("overlong", {"buffer": 2, "factor": 1.0}), ("kl_in_reward", {"coef": 0.1}), ("cost_aware", {"fraction": 0.5})]
+    assert active_shapers(AlgoConfig()) == []
