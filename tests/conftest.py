@@ -58,13 +58,23 @@ def contains_seven(sample, **_):
 '''
 
 
+def save_tiny_model(path: Path) -> Path:
+    """The tiny Llama and its tokenizer as a transformers directory at `path` (for `model.path=`)."""
+    tok = make_tokenizer()
+    tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path):
+    return save_tiny_model(tmp_path / "model")
+
+
 def toy_run_on_disk(tmp_path: Path) -> dict:
     """The toy run's model and reward as files, for runs in other processes (Ray actors, torchrun ranks)
     that cannot see objects registered in this one: config sections for `toy_run_config`."""
-    tok = make_tokenizer()
-    model_dir = tmp_path / "model"
-    tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
+    model_dir = save_tiny_model(tmp_path / "model")
     (tmp_path / "toy_reward.py").write_text(TOY_REWARD_FILE)
     name = f"{tmp_path / 'toy_reward.py'}:contains_seven"
     return {"model": {"path": str(model_dir)}, "reward": {"components": [{"name": name}], "accuracy_component": name}}

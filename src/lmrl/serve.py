@@ -12,7 +12,9 @@ so it is meant as a local judge or evaluation endpoint, not a public service. A 
 from __future__ import annotations
 
 import json
+import sys
 import time
+import traceback
 import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -203,9 +205,21 @@ def _handler(service: ChatService, api_key: str | None):
                 self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(err), "server_error", code="queue_timeout",
                             retry_after=1)
             except Exception as err:  # a generation failure must answer 500, not drop the connection
+                _show_once(err)
                 self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(err).__name__}: {err}", "server_error")
 
     return Handler
+
+
+_SHOWN: set[str] = set()
+
+
+def _show_once(err: Exception) -> None:
+    """The server's console shows the first failure of each kind with its traceback (clients get a 500)."""
+    if type(err).__name__ not in _SHOWN:
+        _SHOWN.add(type(err).__name__)
+        sys.stderr.write(f"lmrl serve: a request failed (HTTP 500; shown once per kind of failure):\n"
+                         f"{''.join(traceback.format_exception(err))}")
 
 
 class ChatServer(ThreadingHTTPServer):

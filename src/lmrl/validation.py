@@ -56,20 +56,17 @@ def _registered(cfg: Config) -> None:
                for i, c in enumerate(cfg.reward.components)]
     if cfg.env.name is not None:  # without one the task is single-turn
         checks.append(("env.name", ENVIRONMENTS, cfg.env.name))
+    extras = [("algo.extra_terms", a.extra_terms, TERMS, KEYED_TERMS, "term"),
+              ("algo.extra_shapers", a.extra_shapers, SHAPERS, KEYED_SHAPERS, "shaper")]
+    checks += [(f"{key}[{i}].name", registry, e.name) for key, entries, registry, _, _ in extras
+               for i, e in enumerate(entries)]
     for key, registry, name in checks:
         if name not in registry:
             raise ConfigError(f"{key}: {registry.unknown_message(name)}")
-    for i, t in enumerate(a.extra_terms):  # a term the config keys switch on is not added twice
-        if t.name not in TERMS:
-            raise ConfigError(f"algo.extra_terms[{i}].name: {TERMS.unknown_message(t.name)}")
-        if t.name in KEYED_TERMS:
-            raise ConfigError(f"algo.extra_terms[{i}].name: the {t.name!r} term is switched on by {KEYED_TERMS[t.name]}")
-    for i, s in enumerate(a.extra_shapers):  # likewise a shaper the config keys switch on
-        if s.name not in SHAPERS:
-            raise ConfigError(f"algo.extra_shapers[{i}].name: {SHAPERS.unknown_message(s.name)}")
-        if s.name in KEYED_SHAPERS:
-            raise ConfigError(f"algo.extra_shapers[{i}].name: the {s.name!r} shaper is switched on by "
-                              f"{KEYED_SHAPERS[s.name]}")
+    for key, entries, _, keyed, kind in extras:  # a term or shaper the config keys switch on is not added twice
+        for i, e in enumerate(entries):
+            if e.name in keyed:
+                raise ConfigError(f"{key}[{i}].name: the {e.name!r} {kind} is switched on by {keyed[e.name]}")
 
 
 def _rollout_workers(cfg: Config) -> None:

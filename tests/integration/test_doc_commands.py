@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_tokenizer, write_toy_task
+from conftest import save_tiny_model, write_toy_task
 from doc_commands import KNOWN_NEEDS, Command, Script, extract, extract_scripts, fill
 from lmrl import cli
-from lmrl.models import tiny_llama
 from lmrl.models.default import installed_default_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,13 +41,6 @@ import json, os, sys
 with open(os.environ["DOC_COMMANDS_RECORD"], "a") as f:
     f.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")
 """
-
-
-def _tiny_model_dir(path: Path) -> Path:
-    tok = make_tokenizer()
-    tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def _fixture_run(ws: Path, name: str, model: Path, recipe: str = "quickstart", extra: tuple[str, ...] = ()) -> Path:
@@ -77,7 +69,7 @@ def workspace(tmp_path_factory):
         rows = [{"question": f"What is {i} + 1?", "prompt": f"What is {i} + 1?", "answer": str(i + 1)}
                 for i in range(40)]
         (ws / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        model = _tiny_model_dir(ws / "tiny_model")
+        model = save_tiny_model(ws / "tiny_model")
         runs = {"name": _fixture_run(ws, "quickstart-fixture", model),
                 "other": _fixture_run(ws, "quickstart-fixture-b", model, extra=("trainer.seed=1",)),
                 "gspo": _fixture_run(ws, "gspo-fixture", model, recipe="gspo")}

@@ -212,3 +212,16 @@ def test_a_lora_run_checkpoint_is_served_with_its_adapters(tmp_path):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_failed_request_is_shown_on_the_servers_console_once_per_kind(capsys, monkeypatch):
+    from lmrl import serve
+
+    monkeypatch.setattr(serve, "_SHOWN", set())
+    for _ in range(2):
+        try:
+            raise MemoryError("the generation ran out of memory")
+        except MemoryError as err:
+            serve._show_once(err)
+    err = capsys.readouterr().err
+    assert err.count("a request failed (HTTP 500") == 1 and "MemoryError: the generation ran out of memory" in err

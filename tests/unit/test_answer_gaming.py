@@ -369,3 +369,20 @@ def test_the_loop_reports_the_gaming_share_of_rewarded_answers():
 
     group = Group("u", row, [sample("Answer: 3 + 4", True), sample("Answer: 7", True), sample("Answer: 8", False)])
     assert rollout_metrics([group], "answer")["gaming/restated_question"] == 0.5
+
+
+def test_a_math_verify_failure_is_said_once_and_grades_as_no_match(monkeypatch, caplog):
+    import math_verify
+
+    from lmrl.rewards import answers
+
+    def broken(*_, **__):
+        raise RecursionError("exotic input")
+
+    monkeypatch.setattr(math_verify, "parse", broken)
+    monkeypatch.setattr(answers, "_MATH_VERIFY_FAILURES", set())
+    with caplog.at_level("WARNING", logger="lmrl.rewards.answers"):
+        assert answers._math_verify("x^2", "y") is False
+        assert answers._math_verify("x^3", "y") is False
+    said = [r.getMessage() for r in caplog.records if "math-verify failed" in r.getMessage()]
+    assert len(said) == 1 and "RecursionError: exotic input" in said[0]

@@ -7,10 +7,9 @@ import sys
 
 import pytest
 
-from conftest import make_tokenizer, write_toy_task
+from conftest import write_toy_task
 from lmrl import cli
 from lmrl.config import ConfigError, load_config
-from lmrl.models import tiny_llama
 
 
 def one_line_error(capsys) -> str:
@@ -44,14 +43,6 @@ def test_gspo_loss_without_its_aggregation_is_refused_naming_the_setting():
         load_config("quickstart", ["algo.loss=gspo"])
     assert load_config("quickstart", ["algo.loss=gspo", "algo.aggregation=token_mean"]).algo.aggregation == "token_mean"
     assert load_config("quickstart", ["algo.preset=gspo"]).algo.aggregation == "seq_mean_token_mean"
-
-
-@pytest.fixture
-def tiny_model_dir(tmp_path):
-    tok = make_tokenizer()
-    tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0).save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
-    return tmp_path / "model"
 
 
 def test_dry_run_checks_the_model_path(tmp_path, capsys):

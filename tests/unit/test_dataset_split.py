@@ -92,14 +92,6 @@ def test_prepared_data_reports_both_counts(tmp_path):
     assert notes["data/train_rows"] == 36.0 and notes["data/eval_rows"] == 4.0
 
 
-@pytest.fixture
-def tiny_model_dir(tmp_path):
-    tok = make_tokenizer()
-    tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0).save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
-    return tmp_path / "model"
-
-
 def test_dry_run_prints_the_real_train_and_eval_counts(tmp_path, tiny_model_dir, capsys):
     data = rows_file(tmp_path / "d.jsonl", 40)
     assert cli.main(["train", f"model.path={tiny_model_dir}", "task.name=jsonl", f"task.dataset={data}",

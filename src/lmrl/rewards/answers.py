@@ -213,5 +213,13 @@ def _math_verify(predicted: str, gold: str) -> bool:
         gold_parsed = parse(gold if "$" in gold else f"${gold}$", parsing_timeout=None)
         pred_parsed = parse(predicted if "$" in predicted else f"${predicted}$", parsing_timeout=None)
         return bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=None))
-    except Exception:  # math-verify raises on exotic input; treat as "no symbolic match"
+    except Exception as err:  # math-verify raises on exotic input: "no symbolic match", said once per kind
+        if type(err).__name__ not in _MATH_VERIFY_FAILURES:
+            _MATH_VERIFY_FAILURES.add(type(err).__name__)
+            logging.getLogger(__name__).warning(
+                "answer: math-verify failed on %r vs gold %r (%s: %s); such replies are graded as not matching "
+                "symbolically (shown once per kind of failure)", predicted[:80], gold[:80], type(err).__name__, err)
         return False
+
+
+_MATH_VERIFY_FAILURES: set[str] = set()
