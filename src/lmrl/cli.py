@@ -37,9 +37,9 @@ def _list_kind(what: str) -> str:
     raise argparse.ArgumentTypeError(f"no kind {what!r}; {hint}(kinds: {', '.join(LIST_KINDS)})")
 
 
-def _say_replaced(cfg: Config) -> None:
-    """What an override of a recipe's list took away (its entries' settings), before anything runs."""
-    for note in cfg.replaced_lists:
+def _say_notes(cfg: Config) -> None:
+    """What loading the config noted (a list replaced, a key spelled the old way), before anything runs."""
+    for note in cfg.notes:
         console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True, highlight=False)
 
 
@@ -118,7 +118,7 @@ def cmd_train(args) -> int:
         resume, cfg = _resumed_config(args)
     else:
         resume, cfg = None, load_config(*_recipe_and_overrides(args))
-    _say_replaced(cfg)
+    _say_notes(cfg)
     if args.dry_run:
         from lmrl.loops.setup import preflight
 
@@ -155,7 +155,7 @@ def cmd_eval(args) -> int:
     recipe, overrides = _recipe_and_overrides(args)
     overrides += [f"eval.samples={args.samples}", f"eval.pass_k={args.k}"]
     cfg, default_out = eval_target(recipe, overrides, args.model, args.step)
-    _say_replaced(cfg)
+    _say_notes(cfg)
     if args.reward_seeking and not Path(args.reward_seeking).is_file():
         raise FileNotFoundError(f"--reward-seeking: no probe file {args.reward_seeking}")
     if args.dry_run:

@@ -16,8 +16,8 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from lmrl.errors import ConfigError
 from lmrl.presets import PRESETS
-from lmrl.recipe_files import (apply_override, check_keys, has_dotted, parse_override, read_recipe, read_yaml,
-                               recipe_path, seed_named_list, set_dotted)
+from lmrl.recipe_files import (apply_override, check_keys, get_dotted, has_dotted, list_note, migrate_keys, parse_override,
+                               read_recipe, read_yaml, recipe_path, seed_named_list, set_dotted)
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -196,8 +196,6 @@ class AlgoConfig(Section):
     kl_estimator: str = "k3"
     kl_in_reward: bool = False  # fold β·k1 into token rewards instead of the loss
     entropy_coef: float = 0.0
-    overlong_buffer: int = Field(0, ge=0)  # DAPO overlong shaping; 0 = off
-    overlong_factor: float = Field(1.0, ge=0)
     critic: bool = False  # train a value head on the policy's hidden states (critic-based estimators: gae, evpo)
     critic_lr: float = Field(1e-3, gt=0)  # learning rate of the value head
     critic_shares_trunk: bool = False  # true: the value loss also trains the policy's layers (shared backbone)
@@ -205,12 +203,14 @@ class AlgoConfig(Section):
     value_clip: float | None = Field(0.5, gt=0)  # clip of V around the prepare-time values (None: unclipped)
     rejected_tokens: Literal["drop", "keep"] = "drop"  # rejection losses: drop rejected tokens from the loss mask
     group_by: str | None = None  # task row field whose equal values form one advantage group (default: the prompt)
-    cost_aware_fraction: float = Field(0.0, ge=0)  # Cost-Aware GRPO: draws per row (0 = off; 0.5 = half the rows)
-    demo_nll_coef: float = Field(0.0, ge=0)  # SGT: + coef · Σ_demo rows (−mean log p) / rows in the batch
     distill: DistillConfig = Field(default_factory=DistillConfig)  # HindSearch-style privileged-context teacher
     guards: GuardConfig = Field(default_factory=GuardConfig)  # ratio / NaN / entropy guards with rollback
-    extra_terms: list[TermConfig] = Field(default_factory=list)  # registered terms beyond those the keys above switch on
-    extra_shapers: list[ShaperConfig] = Field(default_factory=list)  # registered shapers beyond those the keys above switch on
+    # objective terms summed after the policy-gradient loss and those kl_coef, entropy_coef and critic switch
+    # on, in this order (algos/terms.py TERMS; e.g. [{name: demo_nll, coef: 0.1}]; docs/architecture.md)
+    terms: list[TermConfig] = Field(default_factory=list)
+    # reward and advantage transforms applied by stage, in this order (algos/shapers.py SHAPERS; e.g.
+    # [{name: overlong, params: {buffer: 16}}], [{name: cost_aware, params: {fraction: 0.5}}])
+    shaping: list[ShaperConfig] = Field(default_factory=list)
 
 
 class StopRule(Section):
@@ -302,13 +302,14 @@ class Config(Section):
 
     # dotted keys the preset filled in (build_config): with the field defaults, what the user did not choose
     _preset_filled: frozenset[str] = PrivateAttr(default=frozenset())
-    # what overrides replaced: a list the recipe set, swapped for another (load_config; printed by the CLI)
-    _replaced_lists: tuple[str, ...] = PrivateAttr(default=())
+    # what loading said: a list an override or the recipe replaced, a key spelled as an earlier version did
+    _notes: tuple[str, ...] = PrivateAttr(default=())
 
     @property
-    def replaced_lists(self) -> tuple[str, ...]:
-        """One line per recipe list an override replaced, naming the old and the new entries."""
-        return self._replaced_lists
+    def notes(self) -> tuple[str, ...]:
+        """One line per list an override or the recipe replaced (naming the old and the new entries), and per
+        key spelled as an earlier version did (giving today's spelling); the CLI prints them first."""
+        return self._notes
 
     def inherited(self, key: str) -> bool:
         """True when the user left the dotted `key` unset: its value is the preset's or the field's default."""
@@ -322,41 +323,56 @@ class Config(Section):
 def load_config(recipe: str | None = "quickstart", overrides: list[str] | None = None) -> Config:
     """Load a recipe (with its bases), apply dotted overrides, expand the preset, and validate everything.
 
-    An override may enter a list of named entries by name (`reward.components.answer.weight=0.5`); one that
-    replaces a list the recipe set is recorded in `cfg.replaced_lists`."""
+    An override may enter a list of named entries by name (`reward.components.answer.weight=0.5`, or an
+    entry the preset brings: `algo.terms.demo_nll.coef=0.2`); one that replaces a list the recipe set, and
+    a key spelled as an earlier version did, are recorded in `cfg.notes`."""
     tree: dict[str, Any] = {}
     if recipe:
         path = recipe_path(recipe)
         tree = read_recipe(path)
         tree.setdefault("recipe", path.stem)
-    replaced = []
+    notes = migrate_keys(tree)
     for item in overrides or []:
         key, value = parse_override(item)
-        seed_named_list(tree, key, Config)
-        replaced.append(apply_override(tree, key, value))
+        seed_named_list(tree, key, Config, _preset_settings(tree))
+        notes.append(apply_override(tree, key, value))
     cfg = build_config(tree)
-    cfg._replaced_lists = tuple(note for note in replaced if note)
+    cfg._notes = tuple(note for note in [*notes, *cfg.notes] if note)
     return cfg
 
 
-def _expand_preset(tree: dict[str, Any]) -> frozenset[str]:
-    """Fill the preset's settings the user left unset; returns the dotted keys it filled."""
+def _preset_settings(tree: dict[str, Any]) -> dict[str, Any]:
     name = str((tree.get("algo") or {}).get("preset", AlgoConfig.model_fields["preset"].default))
     if name not in PRESETS:
         raise ConfigError(f"algo.preset: {PRESETS.unknown_message(name)}")
-    settings = PRESETS.get(name).settings
+    return PRESETS.get(name).settings
+
+
+def _expand_preset(tree: dict[str, Any]) -> tuple[frozenset[str], list[str]]:
+    """Fill the preset's settings the user left unset: the dotted keys it filled, and a note per list of the
+    preset that the user's own list replaced."""
+    settings = _preset_settings(tree)
     filled = [key for key in settings if not has_dotted(tree, key)]
     for key in filled:
         set_dotted(tree, key, copy.deepcopy(settings[key]))
-    return frozenset(filled)
+    notes = [list_note(key, settings[key], tree, f"the preset {tree['algo']['preset']}'s")
+             for key in settings if key not in filled and _names(settings[key]) - _names(get_dotted(tree, key))]
+    return frozenset(filled), [note for note in notes if note]
+
+
+def _names(items: Any) -> set[str]:
+    """The names of a list of named entries (empty for anything else)."""
+    return {item["name"] for item in items if isinstance(item, dict) and "name" in item} \
+        if isinstance(items, list) else set()
 
 
 def build_config(tree: dict[str, Any]) -> Config:
-    """A validated Config from a tree: known keys, the preset expanded, field types, then the validation
-    stages that need no data (names resolve, method declarations fit the settings)."""
+    """A validated Config from a tree: old key spellings rewritten, known keys, the preset expanded, field
+    types, then the validation stages that need no data (names resolve, method declarations fit the settings)."""
     tree = copy.deepcopy(tree)
+    notes = migrate_keys(tree)
     check_keys(tree, Config)
-    filled = _expand_preset(tree)
+    filled, replaced = _expand_preset(tree)
     try:
         cfg = Config.model_validate(tree)
     except ValidationError as err:
@@ -366,6 +382,7 @@ def build_config(tree: dict[str, Any]) -> Config:
             lines.append(f"{loc or 'config'}: {e['msg']}" + (f" (got {e['input']!r})" if loc else ""))
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
     cfg._preset_filled = filled
+    cfg._notes = tuple(notes + replaced)
     from lmrl.validation import check_names  # the checks read the registries, which import torch
 
     check_names(cfg)

@@ -68,7 +68,8 @@ preset("prpo", "PRPO: GRPO within each permutation plus GRPO of permutation mean
 preset("p_grpo", "P-GRPO: GRPO advantages reweighted per token by PMI with the evidence (task field without it)", {
     "algo.advantage": "p_grpo", **_TOKEN_MEAN})
 preset("cost_aware_grpo", "Cost-Aware GRPO: train on half the rows, drawn by |A|/sqrt(length), importance-weighted", {
-    "algo.advantage": "grpo", **_TOKEN_MEAN, "algo.cost_aware_fraction": 0.5})
+    "algo.advantage": "grpo", **_TOKEN_MEAN,
+    "algo.shaping": [{"name": "cost_aware", "params": {"fraction": 0.5}}]})
 preset("htpo", "HTPO: clip bounds and loss weights by token entropy and prompt difficulty (DAPO-style clip)", {
     "algo.advantage": "grpo", "algo.loss": "htpo", "algo.eps_low": 0.2, "algo.eps_high": 0.28,
     "algo.dual_clip": 10.0, "algo.aggregation": "token_mean", "algo.kl_coef": 0.0})
@@ -101,7 +102,8 @@ preset("prp", "PRP: another policy's rollouts (task field peer_rollouts) join ea
     "data.demonstrations": "peers", "task.peer_rollouts": "peer_rollouts"})
 preset("sgt", "SGT rescue: groups with no success get the reference answer, trained by a supervised term (0.1)", {
     "algo.advantage": "grpo", **_TOKEN_MEAN, "data.demonstrations": "rescue",
-    "task.demonstration": "Answer: {answer}", "algo.demo_nll_coef": 0.1})
+    "task.demonstration": "Answer: {answer}",
+    "algo.terms": [{"name": "demo_nll", "coef": 0.1}]})
 preset("policy_split", "Policy Split: each prompt also rolled out with an exploration instruction; pooled GRPO, "
                        "entropy bonus on that mode", {
     "algo.advantage": "grpo", "algo.loss": "policy_split", "algo.aggregation": "token_mean",

@@ -4,6 +4,7 @@ dotted `key=value` overrides (a list of named entries is entered by name: `rewar
 """
 from __future__ import annotations
 
+import copy
 import difflib
 import typing
 from pathlib import Path
@@ -50,7 +51,7 @@ def set_dotted(tree: dict, key: str, value: Any) -> None:
 _MISSING = object()
 
 
-def _get_dotted(tree: dict, key: str, missing: Any = None) -> Any:
+def get_dotted(tree: dict, key: str, missing: Any = None) -> Any:
     """The value at a dotted key of a nested dict, or `missing` when a part of the path is absent."""
     node: Any = tree
     for part in key.split("."):
@@ -61,11 +62,11 @@ def _get_dotted(tree: dict, key: str, missing: Any = None) -> Any:
 
 
 def has_dotted(tree: dict, key: str) -> bool:
-    return _get_dotted(tree, key, _MISSING) is not _MISSING
+    return get_dotted(tree, key, _MISSING) is not _MISSING
 
 
 def _flow(value: Any) -> str:
-    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6, sort_keys=False).strip()
 
 
 def _entry(item: Any) -> str:
@@ -77,19 +78,26 @@ def _entry(item: Any) -> str:
     return f"{item['name']}{params}" + (f"({_flow(rest)[1:-1]})" if rest else "")
 
 
-def apply_override(tree: dict, key: str, value: Any) -> str | None:
-    """Set one dotted override; returns what it replaced when it swaps a list the recipe set for another
-    (entries not repeated in the new list lose their settings, so the run says so)."""
-    before = _get_dotted(tree, key)
-    set_dotted(tree, key, value)
+def list_note(key: str, before: Any, tree: dict, whose: str = "the recipe's") -> str | None:
+    """What replacing the list `before` by the one now at `key` in `tree` took away, in one line; None
+    when nothing was replaced (entries not repeated in the new list lose their settings, so the run says so)."""
+    value = get_dotted(tree, key)
     if not isinstance(before, list) or before == value:
         return None
-    note = (f"{key}: override replaced the recipe's list [{', '.join(map(_entry, before))}] with "
+    note = (f"{key}: replaced {whose} list [{', '.join(map(_entry, before))}] with "
             f"[{', '.join(map(_entry, value)) if isinstance(value, list) else _entry(value)}]")
     kept = [item["name"] for item in before if isinstance(item, dict) and "name" in item]
     if kept:
-        note += f" (to change one entry and keep the others, name it: {key}.{kept[0]}.weight=0.5)"
+        note += f" (to change one entry and keep the others, name it: {key}.{kept[0]}.<field>=…)"
     return note
+
+
+def apply_override(tree: dict, key: str, value: Any) -> str | None:
+    """Set one dotted override; returns `list_note` when it swaps a list the recipe set for another."""
+    before = get_dotted(tree, key)
+    set_dotted(tree, key, value)
+    note = list_note(key, before, tree)
+    return note.replace(": replaced", ": override replaced", 1) if note else None
 
 
 def _section_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
@@ -146,18 +154,24 @@ def check_keys(tree: dict, schema: type[BaseModel], model: type[BaseModel] | Non
                 check_keys(item, schema, section, f"{prefix}{key}[{i}].")
 
 
-def seed_named_list(tree: dict, key: str, schema: type[BaseModel]) -> None:
-    """Before `reward.components.answer.weight=…` where the recipe leaves the list unset: the field's default."""
+def seed_named_list(tree: dict, key: str, schema: type[BaseModel], defaults: dict[str, Any] | None = None) -> None:
+    """Before `reward.components.answer.weight=…` where the recipe leaves the list unset: the list from
+    `defaults` (dotted key -> value, e.g. the preset's settings) when it has one, else the field's default."""
     node: Any = tree
     model: type[BaseModel] | None = schema
-    for part in key.split(".")[:-1]:
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
         info = model.model_fields.get(part) if model is not None and isinstance(node, dict) else None
         if info is None:
             return
         section, is_list = _section_of(info.annotation)
         if is_list and part not in node:
-            default = info.get_default(call_default_factory=True)
-            node[part] = [item.model_dump(exclude_defaults=True) for item in default]
+            dotted = ".".join(parts[: i + 1])
+            if defaults and dotted in defaults:
+                node[part] = copy.deepcopy(defaults[dotted])
+            else:
+                default = info.get_default(call_default_factory=True)
+                node[part] = [item.model_dump(exclude_defaults=True) for item in default]
             return
         node, model = node.setdefault(part, {}), section
 
@@ -253,3 +267,68 @@ def read_recipe(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     inherited.pop("description", None)
     inherited.pop("recipe", None)
     return merge_trees(inherited, tree)
+
+
+def _into(items: list, entry: dict) -> None:
+    """Add `entry` to a list of named entries, or update the entry of that name (its params merged)."""
+    for item in items:
+        if isinstance(item, dict) and item.get("name") == entry["name"]:
+            params = {**item.get("params", {}), **entry.get("params", {})}
+            item.update({**entry, **({"params": params} if params else {})})
+            return
+    items.append(entry)
+
+
+def _drop(items: list, name: str) -> None:
+    items[:] = [item for item in items if not (isinstance(item, dict) and item.get("name") == name)]
+
+
+def _demo_nll(value: float, algo: dict) -> dict:
+    return {"name": "demo_nll", "coef": value}
+
+
+def _overlong(value: int, algo: dict) -> dict:
+    return {"name": "overlong", "params": {"buffer": value, "factor": algo.pop("overlong_factor", 1.0)}}
+
+
+def _cost_aware(value: float, algo: dict) -> dict:
+    return {"name": "cost_aware", "params": {"fraction": value}}
+
+
+# Keys of earlier versions that were one method's fields of `algo`: old key -> (the list it is an entry of
+# now, the entry made from its value and the keys beside it; a value of 0 switches the entry off)
+_OLD_ALGO_KEYS = {"demo_nll_coef": ("terms", _demo_nll), "overlong_buffer": ("shaping", _overlong),
+                  "overlong_factor": ("shaping", _overlong), "cost_aware_fraction": ("shaping", _cost_aware)}
+_RENAMED_ALGO_LISTS = {"extra_terms": "terms", "extra_shapers": "shaping"}
+
+
+def migrate_keys(tree: dict) -> list[str]:
+    """Rewrite, in place, the `algo` keys earlier versions spelled otherwise: one method's fields became
+    entries of `algo.terms` and `algo.shaping` (`algo.demo_nll_coef: 0.1` is `algo.terms: [{name: demo_nll,
+    coef: 0.1}]`), and `algo.extra_terms` / `algo.extra_shapers` are those lists. An old key set beside
+    the list sets its entry. Returns one note per old key that had an effect, giving the new spelling."""
+    algo = tree.get("algo")
+    if not isinstance(algo, dict):
+        return []
+    notes, unset = [], {field for field in ("terms", "shaping") if field not in algo}
+    for old, (field, make) in _OLD_ALGO_KEYS.items():
+        if old not in algo:
+            continue
+        value = algo.pop(old) if old != "overlong_factor" else algo.pop("overlong_buffer", 0)
+        entry, items = make(value, algo), algo.setdefault(field, [])
+        if not value:
+            _drop(items, entry["name"])
+            continue
+        _into(items, entry)
+        notes.append(f"algo.{old} is spelled algo.{field}: {_flow([entry])} now (docs/migration.md)")
+    for old, new in _RENAMED_ALGO_LISTS.items():
+        if old in algo:
+            entries = algo.pop(old) or []
+            for entry in entries:
+                _into(algo.setdefault(new, []), entry)
+            if entries:
+                notes.append(f"algo.{old} is spelled algo.{new} now (docs/migration.md)")
+    for field in unset:
+        if algo.get(field) == []:
+            del algo[field]
+    return notes

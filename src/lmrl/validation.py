@@ -15,7 +15,7 @@ from typing import Any, Callable
 from lmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from lmrl.algos.inputs import ALIASES, INPUT_KNOBS, ROW_FIELD_INPUTS
 from lmrl.algos.teacher import DISTILL_INPUTS, TEACHER_CONTEXTS
-from lmrl.algos.shapers import KEYED_SHAPERS, SHAPERS
+from lmrl.algos.shapers import KEYED_SHAPERS, SHAPERS, active_shapers
 from lmrl.algos.state import state_knobs
 from lmrl.algos.terms import KEYED_TERMS, TERMS, active_terms
 from lmrl.config import Config, ConfigError
@@ -56,8 +56,8 @@ def _registered(cfg: Config) -> None:
                for i, c in enumerate(cfg.reward.components)]
     if cfg.env.name is not None:  # without one the task is single-turn
         checks.append(("env.name", ENVIRONMENTS, cfg.env.name))
-    extras = [("algo.extra_terms", a.extra_terms, TERMS, KEYED_TERMS, "term"),
-              ("algo.extra_shapers", a.extra_shapers, SHAPERS, KEYED_SHAPERS, "shaper")]
+    extras = [("algo.terms", a.terms, TERMS, KEYED_TERMS, "term"),
+              ("algo.shaping", a.shaping, SHAPERS, KEYED_SHAPERS, "shaper")]
     checks += [(f"{key}[{i}].name", registry, e.name) for key, entries, registry, _, _ in extras
                for i, e in enumerate(entries)]
     for key, registry, name in checks:
@@ -155,10 +155,13 @@ def _groups(cfg: Config) -> None:
         raise ConfigError("data.group_filter needs rollout.group_size >= 2")
 
 
-def _overlong(cfg: Config) -> None:
-    """The overlong-shaping buffer is counted back from the token limit, so it must fit under it."""
-    if cfg.algo.overlong_buffer >= cfg.rollout.max_new_tokens:
-        raise ConfigError("algo.overlong_buffer must be smaller than rollout.max_new_tokens")
+def _shapers(cfg: Config) -> None:
+    """Each shaper's own check of its knobs against the run's settings (`ShaperSpec.check`)."""
+    for i, s in enumerate(cfg.algo.shaping):
+        check = SHAPERS.spec(s.name).check
+        problem = check(cfg, **s.params) if check is not None else None
+        if problem:
+            raise ConfigError(f"algo.shaping[{i}] ({s.name}): {problem}")
 
 
 def _peers(cfg: Config) -> None:
@@ -187,9 +190,11 @@ def _demonstrations(cfg: Config) -> None:
     if (mode == "rescue" or spec.supervised) and a.critic:
         raise ConfigError(f"data.demonstrations={mode} leaves its rows out of the advantage estimate, which "
                           "algo.critic=true (value targets for every row) does not support; use group or no critic")
-    if a.demo_nll_coef > 0 and mode == "none":
-        raise ConfigError("algo.demo_nll_coef > 0 trains on demonstration rows, but data.demonstrations=none "
-                          "adds none; set data.demonstrations=rescue (or group) and task.demonstration")
+    for term in (t for t in a.terms if TERMS.spec(t.name).weights == "demonstration" and t.coef > 0):
+        if mode == "none":
+            raise ConfigError(f"algo.terms: the {term.name!r} term trains on demonstration rows, but "
+                              "data.demonstrations=none adds none; set data.demonstrations=rescue (or group) and "
+                              "task.demonstration")
     if not spec.scored_alone:
         return
     group = [c.name for c in cfg.reward.components if c.name in GROUP_REWARD_FNS]
@@ -220,9 +225,11 @@ def _sample_source(cfg: Config) -> None:
     if spec.generates and cfg.data.group_filter != "none":
         raise ConfigError(f"data.demonstrations={mode} looks at the groups the filter keeps, and "
                           f"data.group_filter={cfg.data.group_filter} drops the hard ones first; set it to none")
-    if spec.supervised and cfg.algo.demo_nll_coef == 0:
-        raise ConfigError(f"data.demonstrations={mode} adds rows that only algo.demo_nll_coef trains (λ_aux); "
-                          "set it > 0")
+    supervised = [t.name for t in cfg.algo.terms if TERMS.spec(t.name).weights == "demonstration" and t.coef > 0]
+    if spec.supervised and not supervised:
+        demo_terms = [n for n, term in TERMS.specs().items() if term.weights == "demonstration"]
+        raise ConfigError(f"data.demonstrations={mode} adds rows that only a term over demonstration rows trains "
+                          f"(λ_aux); add one to algo.terms, e.g. [{{name: {demo_terms[0]}, coef: 0.1}}]")
 
 
 def _critic(cfg: Config) -> None:
@@ -275,10 +282,9 @@ def _knob_sites(cfg: Config) -> list[tuple[str, Any, str, dict, dict]]:
         ("algo.advantage_params", ADVANTAGES, a.advantage, a.advantage_params,
          {"passed": 3, "complete": False, "consumed": INPUT_KNOBS | set(state_knobs(ADVANTAGES.spec(a.advantage)))}),
     ]
-    sites += [(f"algo.extra_terms[{i}].params", TERMS, t.name, t.params, {"passed": 2})
-              for i, t in enumerate(a.extra_terms)]
-    sites += [(f"algo.extra_shapers[{i}].params", SHAPERS, s.name, s.params, {"passed": 2})
-              for i, s in enumerate(a.extra_shapers)]
+    sites += [(f"algo.terms[{i}].params", TERMS, t.name, t.params, {"passed": 2}) for i, t in enumerate(a.terms)]
+    sites += [(f"algo.shaping[{i}].params", SHAPERS, s.name, s.params, {"passed": 2})
+              for i, s in enumerate(a.shaping)]
     if d.coef > 0 or d.params:
         sites.append(("algo.distill.params", TEACHER_CONTEXTS, d.context, d.params, {}))
     if cfg.env.name:  # a registered instance takes no params: any given is unknown
@@ -369,7 +375,8 @@ def streaming_problems(cfg: Config) -> list[str]:
         (not advantage.group_local, f"algo.advantage={a.advantage} does not declare group_local=True: its "
                                     "advantages may read statistics of the whole batch"),
         (a.group_by is not None, "algo.group_by pools advantage groups across prompts, which chunks split"),
-        (a.cost_aware_fraction > 0, "algo.cost_aware_fraction draws rows over the whole batch"),
+        *((SHAPERS.spec(s.name).whole_batch, f"the {s.name!r} shaper (algo.shaping) reads the whole batch")
+          for s in active_shapers(a)),
         (loss.reads_whole_batch(a.loss_params),
          f"algo.loss={a.loss} with algo.loss_params={a.loss_params} reads a statistic of the whole batch, "
          "which each chunk would compute apart"),
@@ -378,7 +385,7 @@ def streaming_problems(cfg: Config) -> list[str]:
         (AGGREGATIONS.spec(a.aggregation).denominator is None,
          f"algo.aggregation={a.aggregation} declares no single denominator to divide the summed gradients by"),
         *((TERMS.spec(t.name).denominator != "aggregation",
-           f"the {t.name!r} term ({KEYED_TERMS.get(t.name, 'algo.extra_terms')}) has a denominator of its own")
+           f"the {t.name!r} term ({KEYED_TERMS.get(t.name, 'algo.terms')}) has a denominator of its own")
           for t in active_terms(a)),
         (t.epochs * t.mini_batches > 1, "trainer.epochs and trainer.mini_batches must be 1: the update is one "
                                         "optimiser step on the whole batch"),
@@ -403,7 +410,7 @@ CONFIG_STAGES = ("names", "combinations")  # need no data: build_config runs the
 PIPELINE: list[tuple[str, Callable[..., None]]] = [
     ("names", _registered), ("names", _params), ("names", _reward_names), ("names", _trackers),
     ("combinations", _env_reward), ("combinations", _rollout_workers), ("combinations", _preset_clip_bounds), ("combinations", _preset_aggregation), ("combinations", _sequence_ratio),
-    ("combinations", _kl_in_reward), ("combinations", _groups), ("combinations", _overlong),
+    ("combinations", _kl_in_reward), ("combinations", _groups), ("combinations", _shapers),
     ("combinations", _peers), ("combinations", _demonstrations), ("combinations", _sample_source),
     ("combinations", _critic), ("combinations", _inputs), ("combinations", _rejected_tokens),
     ("combinations", _streaming),

@@ -10,7 +10,7 @@ import pytest
 from conftest import make_tokenizer, toy_run_config
 from lmrl.algos import Algorithm
 from lmrl.algos.shapers import SHAPERS, active_shapers
-from lmrl.config import AlgoConfig, ConfigError
+from lmrl.config import AlgoConfig, ConfigError, ShaperConfig
 from lmrl.loops import build_stages, train
 from lmrl.models import tiny_llama
 from lmrl.types import Sample, collate
@@ -23,11 +23,12 @@ def reward_clip(rewards, inputs, low: float = -1.0, high: float = 1.0):
 
 
 def shaper_config(tmp_path, steps=2, **shaper):
-    return toy_run_config(tmp_path, steps, algo={"extra_shapers": [{"name": "reward_clip", **shaper}]})
+    return toy_run_config(tmp_path, steps, algo={"shaping": [{"name": "reward_clip", **shaper}]})
 
 
-def test_the_shaper_runs_after_the_keyed_ones_of_its_stage_and_before_the_estimator(tmp_path):
-    cfg = shaper_config(tmp_path, params={"high": 0.5}).algo.model_copy(update={"overlong_buffer": 2})
+def test_the_shapers_of_a_stage_run_in_their_order_before_the_estimator(tmp_path):
+    algo = shaper_config(tmp_path, params={"high": 0.5}).algo
+    cfg = algo.model_copy(update={"shaping": [ShaperConfig(name="overlong", params={"buffer": 2}), *algo.shaping]})
     assert [s.name for s in active_shapers(cfg)] == ["overlong", "reward_clip"]
     samples = [Sample([1, 2], [5] * n, [-0.5] * n, reward=r) for r, n in zip([1.0, 2.0, 0.0], [2, 4, 2])]
     batch = collate(samples, [0, 0, 0], pad_id=0)
@@ -53,17 +54,18 @@ def test_a_registered_shaper_trains_a_tiny_model(tmp_path):
 
 @pytest.mark.parametrize("shaper, error", [
     ({"params": {"hi": 2.0}}, "unknown param 'hi' of shaper 'reward_clip'; did you mean 'high'?"),
-    ({"name": "reward_clap"}, "algo.extra_shapers[0].name"),
-    ({"name": "overlong"}, "the 'overlong' shaper is switched on by algo.overlong_buffer"),
+    ({"name": "reward_clap"}, "algo.shaping[0].name"),
+    ({"name": "kl_in_reward"}, "the 'kl_in_reward' shaper is switched on by algo.kl_in_reward"),
 ])
-def test_extra_shapers_are_checked_at_config_time(tmp_path, shaper, error):
+def test_shaping_entries_are_checked_at_config_time(tmp_path, shaper, error):
     with pytest.raises(ConfigError) as err:
         shaper_config(tmp_path, **shaper)
     assert error in str(err.value)
 
 
-def test_the_keys_switch_on_the_built_in_shapers_in_order():
-    cfg = AlgoConfig(overlong_buffer=2, kl_in_reward=True, kl_coef=0.1, cost_aware_fraction=0.5)
+def test_the_keyed_shaper_comes_first_then_the_list_in_order():
+    cfg = AlgoConfig(kl_in_reward=True, kl_coef=0.1, shaping=[{"name": "overlong", "params": {"buffer": 2}},
+                                                             {"name": "cost_aware", "params": {"fraction": 0.5}}])
     assert [(s.name, s.knobs) for s in active_shapers(cfg)] == [
-        ("overlong", {"buffer": 2, "factor": 1.0}), ("kl_in_reward", {"coef": 0.1}), ("cost_aware", {"fraction": 0.5})]
+        ("kl_in_reward", {"coef": 0.1}), ("overlong", {"buffer": 2}), ("cost_aware", {"fraction": 0.5})]
     assert active_shapers(AlgoConfig()) == []

@@ -1,6 +1,6 @@
 """Adding an objective term touches no config, algorithm, validation or loop file (docs/architecture.md,
 "The objective as terms"): a regulariser registered here, an L2 pull of the log-probs toward the
-reference's, is switched on by `algo.extra_terms`, enters the objective with its own denominator, and
+reference's, is switched on by `algo.terms`, enters the objective with its own denominator, and
 a tiny model trains with it."""
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def logp_l2(inputs, mask, power: float = 2.0):
 
 
 def term_config(tmp_path, steps=2, **term):
-    return toy_run_config(tmp_path, steps, algo={"extra_terms": [{"name": "logp_l2", "coef": 0.2, **term}]})
+    return toy_run_config(tmp_path, steps, algo={"terms": [{"name": "logp_l2", "coef": 0.2, **term}]})
 
 
 def test_the_term_adds_coef_times_its_token_mean_to_the_objective(tmp_path):
@@ -60,10 +60,10 @@ def test_a_registered_term_trains_a_tiny_model(tmp_path):
 
 @pytest.mark.parametrize("term, error", [
     ({"params": {"pwr": 2.0}}, "unknown param 'pwr' of objective term 'logp_l2'; did you mean 'power'?"),
-    ({"name": "logp_l3"}, "algo.extra_terms[0].name"),
+    ({"name": "logp_l3"}, "algo.terms[0].name"),
     ({"name": "kl"}, "the 'kl' term is switched on by algo.kl_coef"),
 ])
-def test_extra_terms_are_checked_at_config_time(tmp_path, term, error):
+def test_listed_terms_are_checked_at_config_time(tmp_path, term, error):
     with pytest.raises(ConfigError) as err:
         term_config(tmp_path, **term)
     assert error in str(err.value)

@@ -15,7 +15,7 @@ def batch(rewards, comp_lengths, groups):
 
 def test_overlong_shaping_changes_rewards_before_advantages():
     b = batch([1.0, 1.0], [2, 4], [0, 0])
-    algo = Algorithm(AlgoConfig(advantage="dr_grpo", overlong_buffer=2), max_new_tokens=4)
+    algo = Algorithm(AlgoConfig(advantage="dr_grpo", shaping=[{"name": "overlong", "params": {"buffer": 2}}]), max_new_tokens=4)
     m = algo.prepare(b)
     # expected length 4 - 2 = 2: the 4-token sample is penalised by (4 - 2) / 2 = 1 → rewards [1, 0]
     assert m["overlong_penalty"] == pytest.approx(-0.5)

@@ -84,7 +84,7 @@ def test_dry_run_says_what_a_list_override_replaced(tiny_model_dir, tmp_path, ca
 def test_a_list_entry_is_changed_by_name_and_a_wrong_name_is_refused():
     cfg = load_config("quickstart", ["reward.components.answer.params.fallback=none"])
     assert [(c.name, c.params) for c in cfg.reward.components] == [("answer", {"fallback": "none"})]
-    assert cfg.replaced_lists == ()
+    assert cfg.notes == ()
     default = load_config(None, ["reward.components.answer.weight=2"])  # the default list, entered by name
     assert [(c.name, c.weight) for c in default.reward.components] == [("answer", 2.0)]
     with pytest.raises(ConfigError, match=r"reward.components: the list has no entry named 'anwser'; "

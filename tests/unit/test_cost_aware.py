@@ -58,10 +58,10 @@ def test_cost_aware_draw_keeps_weighted_rows_and_zeroes_the_rest():
     Algorithm(AlgoConfig(), 2).prepare(batch)
     grpo = batch.advantages.clone()
     torch.manual_seed(0)
-    metrics = Algorithm(AlgoConfig(cost_aware_fraction=0.5), 2).prepare(batch)
+    metrics = Algorithm(AlgoConfig(shaping=[{"name": "cost_aware", "params": {"fraction": 0.5}}]), 2).prepare(batch)
     torch.manual_seed(0)
     per_row = (grpo * batch.completion_mask).sum(1) / batch.completion_mask.sum(1)
     selected, weights = cost_aware_weights(per_row, batch.completion_mask.sum(1), 2)
     assert torch.allclose(batch.advantages, grpo * weights.unsqueeze(1))
     assert metrics["cost_aware/selected_frac"] == float(selected.float().mean()) <= 0.5
-    assert Algorithm(AlgoConfig(cost_aware_fraction=0.5), 2).inert_rows(batch).tolist() == (~selected).tolist()
+    assert Algorithm(AlgoConfig(shaping=[{"name": "cost_aware", "params": {"fraction": 0.5}}]), 2).inert_rows(batch).tolist() == (~selected).tolist()

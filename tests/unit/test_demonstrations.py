@@ -73,7 +73,7 @@ def test_template_fields_and_config_checks():
 
 
 def test_supervised_term_on_demonstration_rows_only():
-    algo = Algorithm(AlgoConfig(demo_nll_coef=0.5), max_new_tokens=4)
+    algo = Algorithm(AlgoConfig(terms=[{"name": "demo_nll", "coef": 0.5}]), max_new_tokens=4)
     logp = torch.tensor([[-1.0, -3.0], [-2.0, 0.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     x = LossInputs(logp=logp, old_logp=logp.detach(), advantages=torch.zeros(2, 2), mask=mask,
@@ -92,7 +92,7 @@ def test_demonstration_rows_are_never_inert_under_the_supervised_term():
     batch = collate(samples, [0, 0, 1], pad_id=0)
     batch.row_extras["demonstration"] = torch.tensor([0.0, 0.0, 1.0])
     for coef, expected in ((0.0, [True, True, True]), (0.1, [True, True, False])):
-        algo = Algorithm(AlgoConfig(demo_nll_coef=coef), max_new_tokens=4)
+        algo = Algorithm(AlgoConfig(terms=[{"name": "demo_nll", "coef": coef}]), max_new_tokens=4)
         algo.prepare(batch)
         assert algo.inert_rows(batch).tolist() == expected
 
@@ -107,7 +107,7 @@ def test_rescue_rows_stay_out_of_the_advantage_estimate():
     batch.row_extras["demonstration"] = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0])
     batch.row_extras["in_advantage"] = torch.tensor([True, True, True, True, False])
     for advantage in ("grpo", "dr_grpo", "reinforce_pp_baseline", "rloo"):
-        algo = Algorithm(AlgoConfig(advantage=advantage, demo_nll_coef=0.1), max_new_tokens=4)
+        algo = Algorithm(AlgoConfig(advantage=advantage, terms=[{"name": "demo_nll", "coef": 0.1}]), max_new_tokens=4)
         algo.prepare(batch)
         assert batch.advantages[2:].abs().sum() == 0, advantage
         assert batch.advantages[0].abs().sum() > 0, advantage

@@ -220,7 +220,7 @@ def test_privileged_rows_stay_out_of_the_advantage_and_train_by_the_supervised_t
 
 
 @pytest.mark.parametrize("tree, match", [
-    ({"data": {"demonstrations": "privileged", "source_params": {"criteria": {"answer": "x"}}}}, "demo_nll_coef"),
+    ({"data": {"demonstrations": "privileged", "source_params": {"criteria": {"answer": "x"}}}}, "add one to algo.terms"),
     ({"data": {"demonstrations": "privileged", "source_params": {"criteria": {"nope": "x"}}},
       "algo": {"demo_nll_coef": 0.1}}, "name no reward component"),
     ({"data": {"demonstrations": "privileged"}, "algo": {"demo_nll_coef": 0.1}}, "criteria"),

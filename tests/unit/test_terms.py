@@ -1,4 +1,4 @@
-"""The objective's terms: which ones today's config keys switch on, and each denominator on hand-made values."""
+"""The objective's terms: which ones the config switches on (keys and `algo.terms`), and each denominator on hand-made values."""
 from __future__ import annotations
 
 import pytest
@@ -10,11 +10,11 @@ from lmrl.config import AlgoConfig
 
 
 def test_config_keys_switch_on_terms_in_their_summation_order():
-    cfg = AlgoConfig(kl_coef=0.1, entropy_coef=0.02, demo_nll_coef=0.3, critic=True, advantage="gae", value_coef=0.7,
-                     distill={"coef": 0.4})
+    cfg = AlgoConfig(kl_coef=0.1, entropy_coef=0.02, terms=[{"name": "demo_nll", "coef": 0.3}], critic=True,
+                     advantage="gae", value_coef=0.7, distill={"coef": 0.4})
     terms = active_terms(cfg)
     assert [(t.name, t.coef) for t in terms] == [("policy_gradient", 1.0), ("kl", 0.1), ("distill", 0.4),
-                                                  ("entropy", -0.02), ("demo_nll", 0.3), ("value", 0.7)]
+                                                  ("entropy", -0.02), ("value", 0.7), ("demo_nll", 0.3)]
     assert [t.name for t in active_terms(AlgoConfig(kl_coef=0.1, kl_in_reward=True))] == ["policy_gradient"]
 
 

@@ -8,9 +8,9 @@ need and guarantee is read from their declarations (`ADVANTAGES.spec`, `LOSSES.s
 state between steps (`algos/state.py`) are driven through `after_update` and `replays`. The
 objective is the sum of the registered terms the config switches on (`algos/terms.py`: policy
 gradient, KL, distillation under a privileged context, entropy, demonstration NLL, value, and any
-`algo.extra_terms`); the algorithm composes them and names none. Rewards and advantages pass through
-the registered shapers the config switches on (`algos/shapers.py`: overlong shaping, KL in the reward,
-cost-aware draws, and any `algo.extra_shapers`), applied by stage and named nowhere here.
+the entries of `algo.terms`); the algorithm composes them and names none. Rewards and advantages pass
+through the registered shapers of the config (`algos/shapers.py`: KL in the reward, and the entries of
+`algo.shaping` such as overlong shaping or cost-aware draws), applied by stage and named nowhere here.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Cost-Aware GRPO: a sampler between the advantage and the loss that spends the update where it pays.
 
 Not an estimator: after the advantages are known, `Algorithm` draws rows with probability ∝ |A_i|/√L_i
-and reweights the drawn ones so the loss stays unbiased (`algo.cost_aware_fraction`). Formula and
+and reweights the drawn ones so the loss stays unbiased (the `cost_aware` shaper). Formula and
 deviations: docs/methods/cost_aware_grpo.md.
 """
 from __future__ import annotations

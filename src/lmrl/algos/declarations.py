@@ -89,6 +89,9 @@ class ShaperSpec:
     stage: str = "rewards"  # "rewards" ([B] sequence rewards), "token_rewards" ([B, T], after the outcome is
     # placed on the last token) or "advantages" ([B, T], after the estimator and the critic's targets)
     inputs: frozenset[str] = frozenset()  # `SHAPER_INPUTS` names or batch `extras` names it reads
+    whole_batch: bool = False  # reads the whole batch at once (a batch consumed in chunks would change it)
+    # (config, **knobs) -> why the knobs do not fit the run's settings, or None; run at config time
+    check: Callable[..., str | None] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "inputs", frozenset(self.inputs))

@@ -7,9 +7,9 @@ its `ShaperSpec.stage` and reads only the `inputs` it declares, handed over by n
 - "token_rewards": the [B, T] token rewards, before the estimator;
 - "advantages": the [B, T] advantages, after the estimator (and the critic's targets).
 
-Stages run in that order; within a stage, in `active_shapers` order. Today's config keys are the
-sugar that switches the built-in shapers on (`active_shapers`); `algo.extra_shapers` adds any other
-registered shaper by name (docs/architecture.md, "Shapers").
+Stages run in that order; within a stage, in `active_shapers` order: KL in the reward when
+`algo.kl_in_reward` folds the KL there, then the entries of `algo.shaping`, each a registered shaper
+by name with its knobs (docs/architecture.md, "Shapers").
 """
 from __future__ import annotations
 
@@ -32,9 +32,15 @@ SHAPERS: Registry = Registry("shaper", declares=ShaperSpec)
 SHAPER_INPUTS = frozenset({"mask", "behaviour_logp", "max_new_tokens"})
 
 
+def _buffer_fits(cfg, buffer: int, factor: float = 1.0) -> str | None:
+    """The buffer is counted back from the token limit, so it must fit under it."""
+    limit = cfg.rollout.max_new_tokens
+    return f"buffer={buffer} must be smaller than rollout.max_new_tokens={limit}" if buffer >= limit else None
+
+
 @SHAPERS.register("overlong", "DAPO soft overlong punishment added to the sequence reward",
-                  stage="rewards", inputs={"mask", "max_new_tokens"})
-def overlong(rewards: torch.Tensor, inputs: dict[str, Any], buffer: int, factor: float):
+                  stage="rewards", inputs={"mask", "max_new_tokens"}, check=_buffer_fits)
+def overlong(rewards: torch.Tensor, inputs: dict[str, Any], buffer: int, factor: float = 1.0):
     penalty = overlong_penalty(inputs["mask"].sum(1), inputs["max_new_tokens"], buffer, factor)
     return rewards + penalty, {"overlong_penalty": float(penalty.mean())}
 
@@ -48,7 +54,7 @@ def kl_in_reward(token_rewards: torch.Tensor, inputs: dict[str, Any], coef: floa
 
 
 @SHAPERS.register("cost_aware", "Cost-Aware GRPO: keep rows drawn by |A_i|/√L_i, A_i ← w_i·A_i (unbiased)",
-                  stage="advantages", inputs={"mask"})
+                  stage="advantages", inputs={"mask"}, whole_batch=True)
 def cost_aware(advantages: torch.Tensor, inputs: dict[str, Any], fraction: float):
     """A_i is the row's mean advantage over its tokens; draws = round(fraction · rows), with replacement,
     from torch's global generator (checkpointed, so resume is exact); the rest become inert. Denominators
@@ -70,20 +76,14 @@ class ActiveShaper:
 
 
 def active_shapers(cfg: AlgoConfig) -> list[ActiveShaper]:
-    """The shapers this config's keys switch on, then `algo.extra_shapers`, each stage's in this order."""
-    shapers = []
-    if cfg.overlong_buffer > 0:
-        shapers.append(ActiveShaper("overlong", {"buffer": cfg.overlong_buffer, "factor": cfg.overlong_factor}))
-    if cfg.kl_in_reward:
-        shapers.append(ActiveShaper("kl_in_reward", {"coef": cfg.kl_coef}))
-    if cfg.cost_aware_fraction > 0:
-        shapers.append(ActiveShaper("cost_aware", {"fraction": cfg.cost_aware_fraction}))
-    return shapers + [ActiveShaper(s.name, dict(s.params)) for s in cfg.extra_shapers]
+    """The shapers of this config, each stage's applied in this order: KL in the reward when
+    `algo.kl_in_reward` folds the KL there, then `algo.shaping`."""
+    shapers = [ActiveShaper("kl_in_reward", {"coef": cfg.kl_coef})] if cfg.kl_in_reward else []
+    return shapers + [ActiveShaper(s.name, dict(s.params)) for s in cfg.shaping]
 
 
-# the config key that switches each built-in shaper on: `algo.extra_shapers` may not add them again
-KEYED_SHAPERS = {"overlong": "algo.overlong_buffer", "kl_in_reward": "algo.kl_in_reward",
-                 "cost_aware": "algo.cost_aware_fraction"}
+# the config key that switches each keyed shaper on: `algo.shaping` may not add them again
+KEYED_SHAPERS = {"kl_in_reward": "algo.kl_in_reward"}
 
 
 def shaper_inputs(shapers: list[ActiveShaper]) -> set[str]:

@@ -10,9 +10,10 @@ the loss rejects). Its `TermSpec` says how `Algorithm.objective` normalises the 
 - "tokens": a [B, T] per-token loss, / the batch's valid tokens (`token_mean`), added after.
 - "sequences": a [B] per-row loss, summed, / the batch's rows, added after.
 
-Denominators come from `AggScale` over the whole mini-batch, so micro-batching stays exact. Today's
-config keys are the sugar that switches terms on (`active_terms`); `algo.extra_terms` adds any other
-registered term by name (docs/architecture.md, "The objective as terms").
+Denominators come from `AggScale` over the whole mini-batch, so micro-batching stays exact. The
+policy-gradient loss is always on; `algo.kl_coef`, `algo.entropy_coef` and `algo.critic` switch on
+the terms every method family shares; `algo.terms` lists any other registered term by name, with its
+coefficient and knobs (`active_terms`; docs/architecture.md, "The objective as terms").
 """
 from __future__ import annotations
 
@@ -96,7 +97,8 @@ class ActiveTerm:
 
 
 def active_terms(cfg: AlgoConfig) -> list[ActiveTerm]:
-    """The terms this config's keys switch on, in the order they are summed, then `algo.extra_terms`."""
+    """The terms of the objective, in the order they are summed: the policy-gradient loss, the shared terms
+    their keys switch on, then the entries of `algo.terms` (one with coefficient 0 is off)."""
     spec = LOSSES.spec(cfg.loss)
     loss_knobs = {k: v for k, v in cfg.loss_params.items() if k not in state_knobs(spec)}
     terms = [ActiveTerm("policy_gradient", 1.0, {
@@ -108,16 +110,14 @@ def active_terms(cfg: AlgoConfig) -> list[ActiveTerm]:
         terms.append(ActiveTerm("distill", cfg.distill.coef, {"estimator": cfg.distill.estimator}))
     if cfg.entropy_coef != 0:
         terms.append(ActiveTerm("entropy", -cfg.entropy_coef))
-    if cfg.demo_nll_coef > 0:
-        terms.append(ActiveTerm("demo_nll", cfg.demo_nll_coef))
     if cfg.critic:
         terms.append(ActiveTerm("value", cfg.value_coef, {"clip": cfg.value_clip}))
-    return terms + [ActiveTerm(t.name, t.coef, dict(t.params)) for t in cfg.extra_terms]
+    return terms + [ActiveTerm(t.name, t.coef, dict(t.params)) for t in cfg.terms if t.coef != 0]
 
 
-# the config key that switches each built-in term on: `algo.extra_terms` may not add them again
+# the config key that switches each shared term on: `algo.terms` may not add them again
 KEYED_TERMS = {"policy_gradient": "algo.loss", "kl": "algo.kl_coef", "distill": "algo.distill.coef",
-               "entropy": "algo.entropy_coef", "demo_nll": "algo.demo_nll_coef", "value": "algo.critic"}
+               "entropy": "algo.entropy_coef", "value": "algo.critic"}
 
 
 def term_inputs(terms: list[ActiveTerm]) -> set[str]:

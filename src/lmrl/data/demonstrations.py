@@ -11,7 +11,7 @@ sample. The sources registered in `SAMPLE_SOURCES`:
   model samples);
 - `rescue`: a group in which no sample succeeded gets it as a separate row (`Origin.RESCUE`), left
   out of the advantage estimation (advantage 0, never pooled by `algo.group_by`) and trained only by
-  the supervised term `algo.demo_nll_coef` (Mutual RL's SGT rescue set, with the reference solution
+  the supervised `demo_nll` term (`algo.terms`) (Mutual RL's SGT rescue set, with the reference solution
   standing in for a peer's success);
 - `peers`: every group gets the completions another policy wrote for the prompt (`Origin.PEER`),
   from the row field `task.peer_rollouts` (a list of {"text": ..., "logprob": the writer's
@@ -50,7 +50,7 @@ class SourceSpec:
     scored_alone: bool = True  # scores its samples apart from their group: per-sample rewards only
     generates: bool = False  # rolls out prompts of its own (no group filter; single-turn unless `episodes`)
     episodes: bool = False  # what it generates may be episodes of the run's environment (env.name)
-    supervised: bool = False  # its rows train only through algo.demo_nll_coef
+    supervised: bool = False  # its rows train only through a term over demonstration rows (demo_nll)
     params: type | None = None  # the record of its knobs (data.source_params); `row_fields()`: the fields it reads
 
 

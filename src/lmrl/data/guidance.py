@@ -10,7 +10,7 @@ a text: after a blank line, at the end of the question (a chat row: of its last 
   plus ground-truth guidance; moved back under the original prompt, they replace its worst members.
 - `privileged` (RISE-RL): rubric criteria a prompt keeps missing are spelled out; the privileged
   rollouts that beat the group's mean reward, under the original prompt, form a row group of their own
-  that only `algo.demo_nll_coef` trains; the source turns itself off once the reward plateaus.
+  that only the `demo_nll` term (`algo.terms`) trains; the source turns itself off once the reward plateaus.
 
 docs/methods/knowrl.md, taosr_agrl.md and rise_rl.md.
 """
