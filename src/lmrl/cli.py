@@ -24,7 +24,7 @@ console = Console(stderr=True)
 
 REGISTRY_KINDS = ["advantages", "losses", "aggregations", "kl", "rewards", "group-rewards", "reward-aggregations",
                   "samplers", "filters", "tasks", "engines", "environments", "sample-sources", "teacher-contexts",
-                  "weight-transports"]
+                  "weight-transports", "terms", "shapers"]
 LIST_KINDS = ["algos", "recipes", *REGISTRY_KINDS]
 
 
@@ -46,7 +46,9 @@ def _say_notes(cfg: Config) -> None:
 def _registries() -> dict:
     """Imported only when asked for: they pull in torch, which `lmrl --help` should not wait for."""
     from lmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
+    from lmrl.algos.shapers import SHAPERS
     from lmrl.algos.teacher import TEACHER_CONTEXTS
+    from lmrl.algos.terms import TERMS
     from lmrl.data import GROUP_FILTERS, SAMPLERS
     from lmrl.data.demonstrations import SAMPLE_SOURCES
     from lmrl.engines import ENGINES
@@ -56,7 +58,7 @@ def _registries() -> dict:
 
     return dict(zip(REGISTRY_KINDS, [ADVANTAGES, LOSSES, AGGREGATIONS, KL_ESTIMATORS, REWARD_FNS, GROUP_REWARD_FNS,
                                      REWARD_AGGREGATIONS, SAMPLERS, GROUP_FILTERS, TASKS, ENGINES, ENVIRONMENTS,
-                                     SAMPLE_SOURCES, TEACHER_CONTEXTS, WEIGHT_TRANSPORTS]))
+                                     SAMPLE_SOURCES, TEACHER_CONTEXTS, WEIGHT_TRANSPORTS, TERMS, SHAPERS]))
 
 
 def cmd_list(args) -> int:

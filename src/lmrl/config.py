@@ -133,11 +133,11 @@ class DataConfig(Section):
     sampler_params: dict[str, Any] = Field(default_factory=dict)  # the sampler's knobs (docs/data.md)
     group_filter: str = "none"  # none | nonzero_std (DAPO dynamic sampling)
     max_gen_batches: int = Field(10, ge=0)  # 0 = unlimited
-    # add task.demonstration to groups (GFT, SGT) or task.peer_rollouts (PRP); roll out hard prompts again
-    # with hints (KnowRL), guidance replayed into the group (TaoSR-AGRL) or privileged context (RISE-RL);
-    # replace each group by an earlier run's recorded rollouts of its prompt (replay, REGEN)
-    demonstrations: Literal["none", "group", "rescue", "peers", "hints", "guided_replay", "privileged",
-                            "replay"] = "none"
+    # the sample source (`lmrl list sample-sources`, or your own file.py:name): add task.demonstration to groups
+    # (GFT, SGT) or task.peer_rollouts (PRP); roll out hard prompts again with hints (KnowRL), guidance
+    # replayed into the group (TaoSR-AGRL) or privileged context (RISE-RL); replace each group by an earlier
+    # run's recorded rollouts of its prompt (replay, REGEN)
+    demonstrations: str = "none"
     source_params: dict[str, Any] = Field(default_factory=dict)  # knobs of hints | guided_replay | privileged | replay
 
 

@@ -32,8 +32,6 @@ from lmrl.presets import PRESETS
 from lmrl.registry import KnobError, check_knobs
 from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
 
-# Reward aggregations that score each sample on its own (a demonstration is scored alone).
-PER_SAMPLE_AGGREGATIONS = {"weighted_sum", "bottleneck", "gated"}
 # Row fields the loop adds only when a setting asks for them: field -> that setting.
 SETTING_FIELDS = {"prompt_variant": "task.prompt_variants"}
 
@@ -50,6 +48,7 @@ def _registered(cfg: Config) -> None:
               ("rollout.engine", ENGINES, cfg.rollout.engine), ("data.sampler", SAMPLERS, cfg.data.sampler),
               ("rollout.weight_transport", WEIGHT_TRANSPORTS, cfg.rollout.weight_transport),
               ("data.group_filter", GROUP_FILTERS, cfg.data.group_filter),
+              ("data.demonstrations", SAMPLE_SOURCES, cfg.data.demonstrations),
               ("reward.aggregation", REWARD_AGGREGATIONS, cfg.reward.aggregation),
               ("algo.distill.context", TEACHER_CONTEXTS, a.distill.context)]
     checks += [(f"reward.components[{i}].name", GROUP_REWARD_FNS if c.name in GROUP_REWARD_FNS else REWARD_FNS, c.name)
@@ -165,17 +164,18 @@ def _shapers(cfg: Config) -> None:
 
 
 def _peers(cfg: Config) -> None:
-    """Peer rollouts carry only a sequence log-prob, which only a sequence-level IS correction can use."""
-    if cfg.data.demonstrations != "peers":
+    """Another policy's samples carry only a sequence log-prob, which only a sequence-level IS correction can use."""
+    mode, field = cfg.data.demonstrations, SAMPLE_SOURCES.spec(cfg.data.demonstrations).peer_field
+    if field is None:
         return
-    if not cfg.task.peer_rollouts:
-        raise ConfigError("data.demonstrations=peers needs task.peer_rollouts, the task row field holding "
+    if not getattr(cfg.task, field):
+        raise ConfigError(f"data.demonstrations={mode} needs task.{field}, the task row field holding "
                           "[{'text': ..., 'logprob': ...}, ...]")
     loss, knobs, spec = cfg.algo.loss, cfg.algo.loss_params, LOSSES.spec(cfg.algo.loss)
     if not spec.weighs_sequences(knobs):
         usable = [n for n, s in LOSSES.specs().items() if s.sequence_is]
         which = f"algo.loss={loss} with algo.loss_params={knobs}" if spec.sequence_is else f"algo.loss={loss}"
-        raise ConfigError(f"data.demonstrations=peers weighs another policy's completions by the sequence ratio "
+        raise ConfigError(f"data.demonstrations={mode} weighs another policy's completions by the sequence ratio "
                           f"π_self(y)/π_peer(y), but {which} does not use it (token ratios do not exist across "
                           f"tokenizers); use algo.loss={' or '.join(usable) or '(none registered)'} with its "
                           "sequence-level knobs (docs/methods/demonstrations.md)")
@@ -187,7 +187,7 @@ def _demonstrations(cfg: Config) -> None:
     if spec.template and not cfg.task.demonstration:
         raise ConfigError(f"data.demonstrations={mode} needs task.demonstration, a template over the task row's "
                           "fields (e.g. '{solution}' or 'Answer: {answer}')")
-    if (mode == "rescue" or spec.supervised) and a.critic:
+    if not spec.in_advantage and a.critic:
         raise ConfigError(f"data.demonstrations={mode} leaves its rows out of the advantage estimate, which "
                           "algo.critic=true (value targets for every row) does not support; use group or no critic")
     for term in (t for t in a.terms if TERMS.spec(t.name).weights == "demonstration" and t.coef > 0):
@@ -201,10 +201,11 @@ def _demonstrations(cfg: Config) -> None:
     if group:
         raise ConfigError(f"data.demonstrations={mode} scores each demonstration alone, but the reward components "
                           f"{group} score whole groups; use per-sample components")
-    if cfg.reward.aggregation not in PER_SAMPLE_AGGREGATIONS:
+    if not REWARD_AGGREGATIONS.spec(cfg.reward.aggregation).per_sample:
+        per_sample = sorted(n for n, agg in REWARD_AGGREGATIONS.specs().items() if agg.per_sample)
         raise ConfigError(f"data.demonstrations={mode} scores each demonstration alone, but "
                           f"reward.aggregation={cfg.reward.aggregation} normalises within a group; use one of "
-                          f"{sorted(PER_SAMPLE_AGGREGATIONS)}")
+                          f"{per_sample}")
 
 
 def _sample_source(cfg: Config) -> None:
@@ -321,10 +322,12 @@ def _rejected_tokens(cfg: Config) -> None:
 def _demonstration_rows(cfg: Config, rows: list[dict]) -> None:
     """Peer rollouts and demonstration templates read row fields every training row must carry."""
     mode = cfg.data.demonstrations
-    if mode == "peers":
-        lacking = sum(not isinstance(r.get(cfg.task.peer_rollouts), list) for r in rows)
+    field = SAMPLE_SOURCES.spec(mode).peer_field
+    if field is not None:
+        name = getattr(cfg.task, field)
+        lacking = sum(not isinstance(r.get(name), list) for r in rows)
         if lacking:
-            raise ConfigError(f"task.peer_rollouts={cfg.task.peer_rollouts!r}: {lacking} task rows lack that field "
+            raise ConfigError(f"task.{field}={name!r}: {lacking} task rows lack that field "
                               f"as a list of {{'text': ..., 'logprob': ...}} (they have: {', '.join(sorted(rows[0]))})")
     elif SAMPLE_SOURCES.spec(mode).template:
         missing = sorted(n for n in template_fields(cfg.task.demonstration) if any(n not in r for r in rows))
@@ -391,7 +394,8 @@ def streaming_problems(cfg: Config) -> list[str]:
                                         "optimiser step on the whole batch"),
         (cfg.data.group_filter != "none", f"data.group_filter={cfg.data.group_filter} re-rolls prompts until "
                                           "enough groups pass: chunks could not be handed over before that"),
-        (cfg.data.demonstrations != "none", f"data.demonstrations={cfg.data.demonstrations} adds samples to the "
+        (SAMPLE_SOURCES.spec(cfg.data.demonstrations).adds,
+         f"data.demonstrations={cfg.data.demonstrations} adds samples to the "
                                             "assembled batch"),
     ]
     return [why for bad, why in checks if bad]

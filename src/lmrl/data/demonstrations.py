@@ -51,7 +51,13 @@ class SourceSpec:
     generates: bool = False  # rolls out prompts of its own (no group filter; single-turn unless `episodes`)
     episodes: bool = False  # what it generates may be episodes of the run's environment (env.name)
     supervised: bool = False  # its rows train only through a term over demonstration rows (demo_nll)
+    in_advantage: bool = True  # its rows enter the advantage estimate (False: trained only by a supervised term)
+    # the task setting naming the row field its samples come from (each row must carry it, as a list of
+    # {"text": ..., "logprob": ...}); such samples bring only a sequence log-prob, which only a loss that
+    # weighs sequences can use
+    peer_field: str | None = None
     params: type | None = None  # the record of its knobs (data.source_params); `row_fields()`: the fields it reads
+    adds: bool = True  # changes the assembled batch (False only for the rollouts alone)
 
 
 # A source is built from (cfg, tokenizer, scorer) and maps the kept groups to (groups, metrics).
@@ -157,7 +163,7 @@ def _demonstration(cfg, tokenizer, origin: Origin) -> MakeSamples:
     return lambda row: [one(row)]
 
 
-@SAMPLE_SOURCES.register("none", "the rollouts only", scored_alone=False)
+@SAMPLE_SOURCES.register("none", "the rollouts only", scored_alone=False, adds=False)
 def rollouts_only(cfg, tokenizer, scorer) -> Source:
     return lambda groups, generate=None: (groups, {})
 
@@ -169,13 +175,14 @@ def demonstration_members(cfg, tokenizer, scorer) -> Source:
 
 
 @SAMPLE_SOURCES.register("rescue", "task.demonstration as a row of its own for each group where nothing succeeded, "
-                         "outside the advantage estimate (SGT)", template=True)
+                         "outside the advantage estimate (SGT)", template=True, in_advantage=False)
 def rescue_rows(cfg, tokenizer, scorer) -> Source:
     make = _demonstration(cfg, tokenizer, Origin.RESCUE)
     return lambda groups, generate=None: where_failed(groups, make, scorer, cfg.reward.accuracy_component)
 
 
-@SAMPLE_SOURCES.register("peers", "the completions of another policy in task.peer_rollouts join each group (PRP)")
+@SAMPLE_SOURCES.register("peers", "the completions of another policy in task.peer_rollouts join each group (PRP)",
+                         peer_field="peer_rollouts")
 def peer_members(cfg, tokenizer, scorer) -> Source:
     make = partial(peer_samples, tokenizer, field=cfg.task.peer_rollouts, eos_id=tokenizer.eos_token_id)
     return lambda groups, generate=None: as_members(groups, make, scorer)

@@ -236,7 +236,8 @@ class PrivilegedParams:
 
 @SAMPLE_SOURCES.register("privileged", "RISE-RL: rollouts of the prompt plus its repeatedly missed rubric "
                          "criteria, kept when they beat the group's mean reward, for the supervised term only",
-                         generates=True, supervised=True, params=PrivilegedParams)
+                         generates=True, supervised=True, in_advantage=False,
+                         params=PrivilegedParams)
 class PrivilegedTrajectories:
     """RISE-RL: per prompt, misses of each criterion; guided rollouts for the repeatedly missed ones, kept
     when they beat the group's mean reward, as a group outside the advantage estimate."""

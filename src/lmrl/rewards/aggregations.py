@@ -84,7 +84,8 @@ def sigmoid_align(value: float, target: float, slope: float = 10.0, direction: s
     return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
 
 
-@REWARD_AGGREGATIONS.register("bottleneck", "C-MORAL: weighted geometric mean (or min/product) of [0,1] scores")
+@REWARD_AGGREGATIONS.register("bottleneck", "C-MORAL: weighted geometric mean (or min/product) of [0,1] scores",
+                              per_sample=True)
 def bottleneck(components: dict[str, list[float]], weights: dict[str, float], mode: str = "geometric",
                eps: float = 1e-6, align: dict[str, dict] | None = None, **_) -> list[float]:
     """Bottleneck-sensitive aggregation (C-MORAL, Rwigie/C-MORAL `rl/reward_sigmoid.py`): confidence medium.
@@ -116,7 +117,8 @@ def bottleneck(components: dict[str, list[float]], weights: dict[str, float], mo
     return torch.exp((torch.log(s + eps) * w).sum(dim=1) / w.sum()).tolist()
 
 
-@REWARD_AGGREGATIONS.register("gated", "quality components count only once every gate passes its threshold")
+@REWARD_AGGREGATIONS.register("gated", "quality components count only once every gate passes its threshold",
+                              per_sample=True)
 def gated(components: dict[str, list[float]], weights: dict[str, float], gates: dict[str, float] | None = None,
           combine: str = "sum", fail_value: float = 0.0, partial_credit: float = 0.0, include_gates: bool = False,
           **_) -> list[float]:

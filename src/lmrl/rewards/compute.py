@@ -32,6 +32,7 @@ import time
 import traceback
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,11 +42,18 @@ from lmrl.registry import Registry
 from lmrl.rewards.functions import REWARD_FNS
 from lmrl.types import Group, Sample
 
-REWARD_AGGREGATIONS: Registry = Registry("reward aggregation")
+@dataclass(frozen=True)
+class AggregationSpec:
+    """What a reward aggregation reads: each sample's own components (`per_sample`), or its group's too."""
+
+    per_sample: bool = False  # a sample's reward depends on its own components only (it can be scored alone)
+
+
+REWARD_AGGREGATIONS: Registry = Registry("reward aggregation", declares=AggregationSpec)
 GROUP_REWARD_FNS: Registry = Registry("group reward function", adopts_plain=False)
 
 
-@REWARD_AGGREGATIONS.register("weighted_sum", "sum of weight × component")
+@REWARD_AGGREGATIONS.register("weighted_sum", "sum of weight × component", per_sample=True)
 def weighted_sum(components: dict[str, list[float]], weights: dict[str, float], **_) -> list[float]:
     n = len(next(iter(components.values())))
     return [sum(weights[name] * values[i] for name, values in components.items()) for i in range(n)]
