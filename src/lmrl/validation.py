@@ -309,6 +309,14 @@ def _params(cfg: Config) -> None:
             raise ConfigError(f"data.source_params: {err}") from None
 
 
+def _sampler_probe(cfg: Config) -> None:
+    """A sampler that probes prompts with the current policy (`probes(**knobs)`) needs the synchronous loop."""
+    probes = getattr(SAMPLERS.get(cfg.data.sampler), "probes", None)
+    if probes is not None and probes(**cfg.data.sampler_params) and cfg.rollout.max_staleness is not None:
+        raise ConfigError(f"data.sampler={cfg.data.sampler} probes prompts with the learner's current policy, which "
+                          "the asynchronous loop trains while rollouts run; use it without rollout.max_staleness")
+
+
 def _rejected_tokens(cfg: Config) -> None:
     """Keeping rejected tokens means something only for a loss that declares a token mask."""
     if cfg.algo.rejected_tokens == "keep" and LOSSES.spec(cfg.algo.loss).token_mask is None:
@@ -416,7 +424,7 @@ PIPELINE: list[tuple[str, Callable[..., None]]] = [
     ("combinations", _env_reward), ("combinations", _rollout_workers), ("combinations", _preset_clip_bounds), ("combinations", _preset_aggregation), ("combinations", _sequence_ratio),
     ("combinations", _kl_in_reward), ("combinations", _groups), ("combinations", _shapers),
     ("combinations", _peers), ("combinations", _demonstrations), ("combinations", _sample_source),
-    ("combinations", _critic), ("combinations", _inputs), ("combinations", _rejected_tokens),
+    ("combinations", _critic), ("combinations", _inputs), ("combinations", _rejected_tokens), ("combinations", _sampler_probe),
     ("combinations", _streaming),
     ("data", _demonstration_rows), ("data", _source_rows), ("data", _method_rows),
 ]

@@ -75,9 +75,7 @@ def test_sampler_learns_in_the_loop_and_resumes_to_the_same_prompts(tmp_path, na
     assert set(resumed.stats.records) == observed
 
 
-def test_a_probing_sampler_is_refused_by_the_asynchronous_loop(tmp_path):
-    cfg = toy_run_config(tmp_path, 2, dataset=toy_task(tmp_path / "toy.jsonl"), data={"sampler": "hive"},
-                         rollout={"max_staleness": 1})
-    tok = make_tokenizer()
+def test_a_probing_sampler_is_refused_by_the_asynchronous_loop_when_the_config_is_read(tmp_path):
     with pytest.raises(ConfigError, match="without rollout.max_staleness"):
-        build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
+        toy_run_config(tmp_path, 2, dataset=toy_task(tmp_path / "toy.jsonl"), data={"sampler": "hive"},
+                       rollout={"max_staleness": 1})

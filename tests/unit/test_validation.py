@@ -162,3 +162,12 @@ def test_user_code_names_resolve_at_config_time(tmp_path, monkeypatch):
 def test_dry_run_refuses_an_impossible_combination_before_any_model_loads(capsys):
     assert cli.main(["train", "algo.kl_in_reward=true", "algo.kl_coef=0", "--dry-run"]) == 2
     assert "algo.kl_in_reward=true needs algo.kl_coef > 0" in capsys.readouterr().err
+
+
+def test_a_probing_sampler_in_the_asynchronous_loop_is_refused_before_any_model_loads():
+    from lmrl.config import build_config
+
+    with pytest.raises(ConfigError, match="data.sampler=hive probes prompts with the learner's current policy"):
+        build_config({"data": {"sampler": "hive"}, "rollout": {"max_staleness": 1}})
+    build_config({"data": {"sampler": "hive", "sampler_params": {"entropy_threshold": 0}},
+                  "rollout": {"max_staleness": 1}})  # without the entropy stage it does not probe

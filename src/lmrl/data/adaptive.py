@@ -97,9 +97,14 @@ class HiveSampler(_Adaptive):
             raise ValueError("entropy_threshold must be ≥ 0, probe_tokens and probe_rounds ≥ 1")
         self.top_k, self.entropy_threshold = top_k, float(entropy_threshold)
         self.probe_tokens, self.probe_rounds = probe_tokens, probe_rounds
-        self.needs_probe = self.entropy_threshold > 0
+        self.needs_probe = self.probes(entropy_threshold=self.entropy_threshold)
         self.probe: Callable[[list[dict], int], list[float]] | None = None  # bound by the run (lmrl.data.probe)
         self.last = {"sampler/in_edge_share": 1.0, "sampler/probed": 0.0, "sampler/probe_dropped": 0.0}
+
+    @staticmethod
+    def probes(entropy_threshold: float = 0.2, **_: Any) -> bool:
+        """Whether a sampler with these knobs probes prompts with the current policy (config validation asks)."""
+        return entropy_threshold > 0
 
     def next_prompts(self, n: int) -> list[dict[str, Any]]:
         in_edge = set(history_filter([self.stats.p_hat(u) for u in self.uids], self.band, self.top_k))
