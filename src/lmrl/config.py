@@ -141,31 +141,31 @@ class DataConfig(Section):
     source_params: dict[str, Any] = Field(default_factory=dict)  # knobs of hints | guided_replay | privileged | replay
 
 
+def _plain(value: Any) -> Any:
+    """`value` as config files can hold it: an in-process object (a judge given from Python) as its repr."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+
+
 class TermConfig(Section):
     """One more objective term by its registered name (algos/terms.py TERMS): + coef · term."""
     name: str
     coef: float = 1.0
-    params: dict[str, Any] = Field(default_factory=dict)  # the term's knobs, bound to its signature
+    # the term's knobs, bound to its signature, and the settings it declares (`TermSpec.settings`)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_serializer("params", when_used="json")
+    def _params(self, params: dict[str, Any]) -> dict[str, Any]:
+        return _plain(params)
 
 
 class ShaperConfig(Section):
     """One more reward or advantage transform by its registered name (algos/shapers.py SHAPERS)."""
     name: str
     params: dict[str, Any] = Field(default_factory=dict)  # the shaper's knobs, bound to its signature
-
-
-class DistillConfig(Section):
-    """Distillation from the policy under a privileged context (docs/methods/hindsearch.md); coef 0: off."""
-    coef: float = Field(0.0, ge=0)  # β: + β · estimator(log π, log π_teacher) on the selected tokens
-    context: str = "hindsight_critique"  # what the teacher sees beyond the prompt (algos/teacher.py TEACHER_CONTEXTS)
-    params: dict[str, Any] = Field(default_factory=dict)  # the context's knobs (hindsight_critique: judge, template…)
-    tokens: Literal["all", "tool_calls"] = "all"  # every policy token, or only turns whose reply has a <tool_call>
-    estimator: Literal["k1", "k3"] = "k1"  # per-token reverse KL student‖teacher
-
-    @field_serializer("params", when_used="json")
-    def _params(self, params: dict[str, Any]) -> dict[str, Any]:  # an in-process judge object is written as its repr
-        plain = (dict, list, str, int, float, bool, type(None))
-        return {k: v if isinstance(v, plain) else repr(v) for k, v in params.items()}
 
 
 class GuardConfig(Section):
@@ -203,7 +203,6 @@ class AlgoConfig(Section):
     value_clip: float | None = Field(0.5, gt=0)  # clip of V around the prepare-time values (None: unclipped)
     rejected_tokens: Literal["drop", "keep"] = "drop"  # rejection losses: drop rejected tokens from the loss mask
     group_by: str | None = None  # task row field whose equal values form one advantage group (default: the prompt)
-    distill: DistillConfig = Field(default_factory=DistillConfig)  # HindSearch-style privileged-context teacher
     guards: GuardConfig = Field(default_factory=GuardConfig)  # ratio / NaN / entropy guards with rollback
     # objective terms summed after the policy-gradient loss and those kl_coef, entropy_coef and critic switch
     # on, in this order (algos/terms.py TERMS; e.g. [{name: demo_nll, coef: 0.1}]; docs/architecture.md)

@@ -295,17 +295,26 @@ def _cost_aware(value: float, algo: dict) -> dict:
     return {"name": "cost_aware", "params": {"fraction": value}}
 
 
+def _distill(value: dict, algo: dict) -> dict:
+    renamed = {"params": "context_params"}
+    params = {renamed.get(k, k): v for k, v in value.items() if k != "coef"}
+    return {"name": "distill", "coef": value.get("coef", 0.0), **({"params": params} if params else {})}
+
+
 # Keys of earlier versions that were one method's fields of `algo`: old key -> (the list it is an entry of
 # now, the entry made from its value and the keys beside it; a value of 0 switches the entry off)
 _OLD_ALGO_KEYS = {"demo_nll_coef": ("terms", _demo_nll), "overlong_buffer": ("shaping", _overlong),
-                  "overlong_factor": ("shaping", _overlong), "cost_aware_fraction": ("shaping", _cost_aware)}
+                  "overlong_factor": ("shaping", _overlong), "cost_aware_fraction": ("shaping", _cost_aware),
+                  "distill": ("terms", _distill)}
 _RENAMED_ALGO_LISTS = {"extra_terms": "terms", "extra_shapers": "shaping"}
 
 
 def migrate_keys(tree: dict) -> list[str]:
     """Rewrite, in place, the `algo` keys earlier versions spelled otherwise: one method's fields became
     entries of `algo.terms` and `algo.shaping` (`algo.demo_nll_coef: 0.1` is `algo.terms: [{name: demo_nll,
-    coef: 0.1}]`), and `algo.extra_terms` / `algo.extra_shapers` are those lists. An old key set beside
+    coef: 0.1}]`; `algo.distill: {coef, context, params, tokens, estimator}` is a `distill` entry whose params
+    are `context`, `context_params`, `tokens` and `estimator`), and `algo.extra_terms` / `algo.extra_shapers`
+    are those lists. An old key set beside
     the list sets its entry. Returns one note per old key that had an effect, giving the new spelling."""
     algo = tree.get("algo")
     if not isinstance(algo, dict):
@@ -316,7 +325,7 @@ def migrate_keys(tree: dict) -> list[str]:
             continue
         value = algo.pop(old) if old != "overlong_factor" else algo.pop("overlong_buffer", 0)
         entry, items = make(value, algo), algo.setdefault(field, [])
-        if not value:
+        if not entry.get("coef", value):
             _drop(items, entry["name"])
             continue
         _into(items, entry)

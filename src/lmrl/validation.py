@@ -14,10 +14,9 @@ from typing import Any, Callable
 
 from lmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from lmrl.algos.inputs import ALIASES, INPUT_KNOBS, ROW_FIELD_INPUTS
-from lmrl.algos.teacher import DISTILL_INPUTS, TEACHER_CONTEXTS
 from lmrl.algos.shapers import KEYED_SHAPERS, SHAPERS, active_shapers
 from lmrl.algos.state import state_knobs
-from lmrl.algos.terms import KEYED_TERMS, TERMS, active_terms
+from lmrl.algos.terms import KEYED_TERMS, TERMS, active_terms, listed_term
 from lmrl.config import Config, ConfigError
 from lmrl.data import GROUP_FILTERS, SAMPLERS
 from lmrl.data.samplers import RUN_ARGUMENTS
@@ -49,8 +48,7 @@ def _registered(cfg: Config) -> None:
               ("rollout.weight_transport", WEIGHT_TRANSPORTS, cfg.rollout.weight_transport),
               ("data.group_filter", GROUP_FILTERS, cfg.data.group_filter),
               ("data.demonstrations", SAMPLE_SOURCES, cfg.data.demonstrations),
-              ("reward.aggregation", REWARD_AGGREGATIONS, cfg.reward.aggregation),
-              ("algo.distill.context", TEACHER_CONTEXTS, a.distill.context)]
+              ("reward.aggregation", REWARD_AGGREGATIONS, cfg.reward.aggregation)]
     checks += [(f"reward.components[{i}].name", GROUP_REWARD_FNS if c.name in GROUP_REWARD_FNS else REWARD_FNS, c.name)
                for i, c in enumerate(cfg.reward.components)]
     if cfg.env.name is not None:  # without one the task is single-turn
@@ -154,8 +152,14 @@ def _groups(cfg: Config) -> None:
         raise ConfigError("data.group_filter needs rollout.group_size >= 2")
 
 
-def _shapers(cfg: Config) -> None:
-    """Each shaper's own check of its knobs against the run's settings (`ShaperSpec.check`)."""
+def _declared_checks(cfg: Config) -> None:
+    """Each listed term's check of its settings and each shaper's of its knobs, against the run (`check`)."""
+    for i, t in enumerate(cfg.algo.terms):
+        check = TERMS.spec(t.name).check
+        listed = listed_term(t.name, t.coef, t.params)
+        problem = check(cfg, **listed.knobs, **listed.settings) if check is not None else None
+        if problem:
+            raise ConfigError(f"algo.terms[{i}] ({t.name}): {problem}")
     for i, s in enumerate(cfg.algo.shaping):
         check = SHAPERS.spec(s.name).check
         problem = check(cfg, **s.params) if check is not None else None
@@ -259,15 +263,16 @@ def _inputs(cfg: Config) -> None:
         if components and len(cfg.reward.components) < 2:
             raise ConfigError(f"{setting} needs per-sample inputs {components} from at least 2 reward components to "
                               f"combine; reward.components has {[c.name for c in cfg.reward.components]}")
-    missing = DISTILL_INPUTS - provided if a.distill.coef > 0 else set()
-    if missing:
-        raise ConfigError(f"algo.distill.coef > 0 needs per-sample inputs {sorted(missing)} that no input provider "
-                          "fills")
+    for i, t in enumerate(a.terms):
+        missing = TERMS.spec(t.name).provided - provided
+        if missing:
+            raise ConfigError(f"algo.terms[{i}] ({t.name}) needs per-sample inputs {sorted(missing)} that no input "
+                              "provider fills")
 
 
 def _knob_sites(cfg: Config) -> list[tuple[str, Any, str, dict, dict]]:
     """(config key, registry, entry name, knobs, how the caller binds them) for every component that takes params."""
-    a, r, d = cfg.algo, cfg.reward, cfg.algo.distill
+    a, r = cfg.algo, cfg.reward
     sites = []
     for i, c in enumerate(r.components):
         registry = GROUP_REWARD_FNS if c.name in GROUP_REWARD_FNS else REWARD_FNS
@@ -283,11 +288,10 @@ def _knob_sites(cfg: Config) -> list[tuple[str, Any, str, dict, dict]]:
         ("algo.advantage_params", ADVANTAGES, a.advantage, a.advantage_params,
          {"passed": 3, "complete": False, "consumed": INPUT_KNOBS | set(state_knobs(ADVANTAGES.spec(a.advantage)))}),
     ]
-    sites += [(f"algo.terms[{i}].params", TERMS, t.name, t.params, {"passed": 2}) for i, t in enumerate(a.terms)]
+    sites += [(f"algo.terms[{i}].params", TERMS, t.name, t.params,
+               {"passed": 2, "consumed": set(TERMS.spec(t.name).settings)}) for i, t in enumerate(a.terms)]
     sites += [(f"algo.shaping[{i}].params", SHAPERS, s.name, s.params, {"passed": 2})
               for i, s in enumerate(a.shaping)]
-    if d.coef > 0 or d.params:
-        sites.append(("algo.distill.params", TEACHER_CONTEXTS, d.context, d.params, {}))
     if cfg.env.name:  # a registered instance takes no params: any given is unknown
         sites.append(("env.params", ENVIRONMENTS, cfg.env.name, cfg.env.params, {}))
     return sites
@@ -422,7 +426,7 @@ CONFIG_STAGES = ("names", "combinations")  # need no data: build_config runs the
 PIPELINE: list[tuple[str, Callable[..., None]]] = [
     ("names", _registered), ("names", _params), ("names", _reward_names), ("names", _trackers),
     ("combinations", _env_reward), ("combinations", _rollout_workers), ("combinations", _preset_clip_bounds), ("combinations", _preset_aggregation), ("combinations", _sequence_ratio),
-    ("combinations", _kl_in_reward), ("combinations", _groups), ("combinations", _shapers),
+    ("combinations", _kl_in_reward), ("combinations", _groups), ("combinations", _declared_checks),
     ("combinations", _peers), ("combinations", _demonstrations), ("combinations", _sample_source),
     ("combinations", _critic), ("combinations", _inputs), ("combinations", _rejected_tokens), ("combinations", _sampler_probe),
     ("combinations", _streaming),

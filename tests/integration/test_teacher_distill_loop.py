@@ -29,10 +29,11 @@ def test_tool_use_trains_with_hindsight_critique_distillation(tmp_path):
                               "max_episode_tokens": 200},
                          reward={"components": [{"name": "answer"}, {"name": "env"}], "accuracy_component": "answer"},
                          rollout={"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 8},
-                         algo={"distill": {"coef": 0.1, "context": "hindsight_critique"}})
+                         algo={"terms": [{"name": "distill", "coef": 0.1,
+                                          "params": {"context": "hindsight_critique"}}]})
     tok = make_tokenizer()
     judge = ServedJudge(ChatService(tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=1), tok))
-    cfg.algo.distill.params["judge"] = judge  # after build_config, which copies its tree
+    cfg.algo.terms[0].params["context_params"] = {"judge": judge}  # after build_config, which copies its tree
     stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
     result = train(cfg, stages=stages)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]

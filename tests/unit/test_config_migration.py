@@ -77,3 +77,13 @@ def test_a_shaper_checks_its_knobs_against_the_run():
     with pytest.raises(ConfigError, match=r"algo.shaping\[0\] \(overlong\): buffer=40 must be smaller than "
                                           r"rollout.max_new_tokens=40"):
         load_config("quickstart", ["algo.shaping=[{name: overlong, params: {buffer: 40}}]"])
+
+
+def test_the_old_distill_section_becomes_a_distill_entry_with_its_settings():
+    cfg = load_config("quickstart", ["algo.distill={coef: 0.2, context: hindsight_critique, tokens: tool_calls, "
+                                     "estimator: k3, params: {judge: {model: m}}}"])
+    [term] = [t for t in active_terms(cfg.algo) if t.name == "distill"]
+    assert (term.coef, term.knobs) == (0.2, {"estimator": "k3"})
+    assert term.settings == {"context": "hindsight_critique", "context_params": {"judge": {"model": "m"}},
+                             "tokens": "tool_calls"}
+    assert load_config("quickstart", ["algo.distill={coef: 0.0, tokens: all}"]).algo.terms == []

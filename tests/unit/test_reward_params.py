@@ -85,8 +85,8 @@ def test_a_required_param_left_out_and_a_class_reward_bound_through_its_construc
      r"algo.advantage_params: unknown param 'gama' of advantage estimator 'gae'; did you mean 'gamma'\?"),
     ({"env": {"name": "tool_use", "params": {"format_rewrd": 0.2}}, **components({"name": "env"})},
      r"env.params: unknown param 'format_rewrd' of environment 'tool_use'; did you mean 'format_reward'\?"),
-    ({"algo": {"distill": {"coef": 0.1, "params": {"max_char": 10}}}},
-     r"algo.distill.params: unknown param 'max_char' of teacher context 'hindsight_critique'; "
+    ({"algo": {"terms": [{"name": "distill", "coef": 0.1, "params": {"context_params": {"max_char": 10}}}]}},
+     r"algo.terms\[0\] \(distill\): context_params: unknown param 'max_char' of teacher context 'hindsight_critique'; "
      r"did you mean 'max_chars'\?"),
     ({"data": {"demonstrations": "hints", "source_params": {"max_acuracy": 0.2}}},
      r"data.source_params: unknown param 'max_acuracy' of data.demonstrations=hints; did you mean 'max_accuracy'\?"),

@@ -55,10 +55,10 @@ def episode(tok, question, replies, answer_reward):
     return sample, turns
 
 
-def setup(tokens="tool_calls"):
+def setup():
     tok = make_tokenizer()
     model = tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0)
-    cfg = build_config({"task": {"system_prompt": None}, "algo": {"distill": {"coef": 0.1, "tokens": tokens}}})
+    cfg = build_config({"task": {"system_prompt": None}, "algo": {"terms": [{"name": "distill", "coef": 0.1}]}})
     return tok, model, cfg, Learner(model, TrainerConfig(bf16=False))
 
 
@@ -71,7 +71,7 @@ def test_three_failed_of_eight_get_three_critiques_and_only_their_tool_call_turn
     rows = [{"question": "what is 21 times 3?", "answer": "63"}] * 8
     batch = collate(samples, [0] * 8, pad_id=0)
     judge = CountingJudge()
-    teacher_inputs(batch, samples, rows, learner, tok, cfg, HindsightCritique(judge=judge))
+    teacher_inputs(batch, samples, rows, learner, tok, cfg, HindsightCritique(judge=judge), "tool_calls")
     assert len(judge.prompts) == 3  # one critique per failed sample, none for the 5 successes
     assert all("Correct answer: 63" in p and "[assistant] <tool_call>" in p and "[tool] 63" in p
                for p in (judge.prompts[0], judge.prompts[2]))
@@ -90,7 +90,7 @@ def test_three_failed_of_eight_get_three_critiques_and_only_their_tool_call_turn
 
 
 def test_teacher_logprobs_equal_a_direct_forward_of_the_teacher_prompt_and_completion():
-    tok, model, cfg, learner = setup(tokens="all")
+    tok, model, cfg, learner = setup()
     multi, _ = episode(tok, "what is 21 times 3?", [CALL, "answer: 60"], 0.0)
     single = Sample(encode_opening(tok, [{"role": "user", "content": "say 7"}]),
                     tok("8", add_special_tokens=False)["input_ids"] + [tok.eos_token_id], [-1.0, -1.0],
@@ -98,7 +98,7 @@ def test_teacher_logprobs_equal_a_direct_forward_of_the_teacher_prompt_and_compl
     samples = [multi, single]
     rows = [{"question": "what is 21 times 3?", "answer": "63"}, {"question": "say 7", "answer": "7"}]
     batch = collate(samples, [0, 1], pad_id=0)
-    teacher_inputs(batch, samples, rows, learner, tok, cfg, HindsightCritique(judge=CountingJudge()))
+    teacher_inputs(batch, samples, rows, learner, tok, cfg, HindsightCritique(judge=CountingJudge()), "all")
     hint = "\n\nHindsight: you should have multiplied first"
     openings = [[{"role": "system", "content": "use tools"}, {"role": "user", "content": "what is 21 times 3?" + hint}],
                 [{"role": "user", "content": "say 7" + hint}]]
@@ -124,8 +124,9 @@ def toy_inputs(teacher_mask):
 
 
 def distilling(estimator="k1", coef=0.1):
-    return Algorithm(AlgoConfig(distill={"coef": coef, "estimator": estimator, "params": {"judge": CountingJudge()}}),
-                     max_new_tokens=2)
+    entry = {"name": "distill", "coef": coef, "params": {"estimator": estimator,
+                                                          "context_params": {"judge": CountingJudge()}}}
+    return Algorithm(AlgoConfig(terms=[entry]), max_new_tokens=2)
 
 
 def test_k1_distillation_gradient_moves_student_toward_teacher_on_masked_tokens_only():
@@ -154,10 +155,12 @@ def test_coef_zero_leaves_the_objective_and_the_inputs_unchanged():
     _, x = toy_inputs([1.0, 1.0])
     x.advantages = torch.tensor([[1.0, -0.5]])
     plain = Algorithm(AlgoConfig(), max_new_tokens=2)
-    off = Algorithm(AlgoConfig(distill={"coef": 0.0, "estimator": "k3", "tokens": "tool_calls"}), max_new_tokens=2)
+    off = Algorithm(AlgoConfig(terms=[{"name": "distill", "coef": 0.0, "params": {"estimator": "k3",
+                                                                                  "tokens": "tool_calls"}}]),
+                    max_new_tokens=2)
     (a, ma), (b, mb) = plain.objective(x, AggScale.of(x.mask)), off.objective(x, AggScale.of(x.mask))
     assert a.item() == b.item() and ma == mb and "distill/kl" not in mb
-    assert off.teacher is None and requested_inputs(off) == requested_inputs(plain)
+    assert off.built == {} and requested_inputs(off) == requested_inputs(plain)
     assert {"teacher_logp", "teacher_mask"} <= requested_inputs(distilling())
 
 
@@ -176,9 +179,16 @@ def test_single_turn_tool_calls_selects_the_whole_completion_only_with_a_call():
     assert distill_mask(with_call, "tool_calls") == [1, 1, 1] and distill_mask(without, "tool_calls") == [0, 0]
 
 
-def test_unknown_teacher_context_is_refused_with_the_nearest_name():
-    with pytest.raises(ConfigError, match="distill.context: unknown teacher context 'hindsight'.*hindsight_critique"):
-        build_config({"algo": {"distill": {"coef": 0.1, "context": "hindsight"}}})
+def test_unknown_teacher_settings_are_refused_with_the_nearest_name():
+    with pytest.raises(ConfigError, match=r"algo.terms\[0\] \(distill\): context: unknown teacher context "
+                                          r"'hindsight'.*hindsight_critique"):
+        build_config({"algo": {"terms": [{"name": "distill", "coef": 0.1, "params": {"context": "hindsight"}}]}})
+    with pytest.raises(ConfigError, match=r"\(distill\): estimator must be one of \['k1', 'k3'\]"):
+        build_config({"algo": {"terms": [{"name": "distill", "params": {"estimator": "k2"}}]}})
+    with pytest.raises(ConfigError, match=r"\(distill\): tokens must be one of"):
+        build_config({"algo": {"terms": [{"name": "distill", "params": {"tokens": "calls"}}]}})
+    with pytest.raises(ConfigError, match=r"\(distill\): context_params: unknown param 'judg'"):
+        build_config({"algo": {"terms": [{"name": "distill", "params": {"context_params": {"judg": {}}}}]}})
 
 
 def test_a_failed_judge_call_leaves_its_sample_without_a_teacher():

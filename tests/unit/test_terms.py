@@ -10,11 +10,11 @@ from lmrl.config import AlgoConfig
 
 
 def test_config_keys_switch_on_terms_in_their_summation_order():
-    cfg = AlgoConfig(kl_coef=0.1, entropy_coef=0.02, terms=[{"name": "demo_nll", "coef": 0.3}], critic=True,
-                     advantage="gae", value_coef=0.7, distill={"coef": 0.4})
+    cfg = AlgoConfig(kl_coef=0.1, entropy_coef=0.02, critic=True, advantage="gae", value_coef=0.7,
+                     terms=[{"name": "demo_nll", "coef": 0.3}, {"name": "distill", "coef": 0.4}])
     terms = active_terms(cfg)
-    assert [(t.name, t.coef) for t in terms] == [("policy_gradient", 1.0), ("kl", 0.1), ("distill", 0.4),
-                                                  ("entropy", -0.02), ("value", 0.7), ("demo_nll", 0.3)]
+    assert [(t.name, t.coef) for t in terms] == [("policy_gradient", 1.0), ("kl", 0.1), ("entropy", -0.02),
+                                                  ("value", 0.7), ("demo_nll", 0.3), ("distill", 0.4)]
     assert [t.name for t in active_terms(AlgoConfig(kl_coef=0.1, kl_in_reward=True))] == ["policy_gradient"]
 
 

@@ -25,7 +25,6 @@ from lmrl.algos.inputs import gather, model_outputs_for, optional_inputs
 from lmrl.algos.losses import LOSSES, LossInputs
 from lmrl.algos.guards import Guard
 from lmrl.algos.state import build_state
-from lmrl.algos.teacher import DISTILL_INPUTS, TEACHER_CONTEXTS
 from lmrl.algos.shapers import active_shapers, apply_shapers, shaper_inputs
 from lmrl.algos.terms import TERMS, active_terms, compose, term_inputs
 from lmrl.config import AlgoConfig
@@ -47,18 +46,23 @@ class Algorithm:
         self.states = {name: st for name, st in (("advantage", advantage_state), ("loss", loss_state)) if st is not None}
         if self.cfg.guards.enabled:  # failure-mode guard (algos/guards.py), checkpointed like the method states
             self.states["guard"] = Guard(self.cfg.guards)
-        d = self.cfg.distill
-        self.teacher = TEACHER_CONTEXTS.get(d.context)(**d.params) if d.coef > 0 else None  # its provider calls it
         self.terms = active_terms(self.cfg)
+        # what a term's input providers use, built once per run (e.g. the distill term's teacher context)
+        self.built = {t.name: TERMS.spec(t.name).builds(**t.settings) for t in self.terms if TERMS.spec(t.name).builds}
         self.term_inputs = term_inputs(self.terms)
         self.shapers = active_shapers(self.cfg)
         self.shaper_inputs = shaper_inputs(self.shapers)
 
     @property
     def requires(self) -> set[str]:
-        """Per-sample inputs the estimator and the loss declare (see `algos/inputs.py`), and the teacher's."""
-        teacher = DISTILL_INPUTS if self.teacher is not None else frozenset()
-        return set(self.advantage_spec.requires | self.loss_spec.requires | teacher)
+        """Per-sample inputs the estimator and the loss declare (see `algos/inputs.py`), and those the terms
+        declare an input provider fills (`TermSpec.provided`)."""
+        provided = set().union(*(TERMS.spec(t.name).provided for t in self.terms))
+        return set(self.advantage_spec.requires | self.loss_spec.requires | provided)
+
+    def term(self, name: str):
+        """The active term `name` (its knobs and settings), or None when the objective has no such term."""
+        return next((t for t in self.terms if t.name == name), None)
 
     @property
     def critic(self) -> bool:

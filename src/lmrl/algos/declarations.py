@@ -6,8 +6,9 @@ are derived from these records (docs/architecture.md), never from the method's n
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,17 @@ class TermSpec:
     # mask, shared with the pg loss), "tokens" (per token, / valid tokens) or "sequences" (per row, / rows)
     only_with_weights: bool = False  # a micro-batch without its weight stream in `extras` gets no such term
     follows_advantages: bool = False  # zero on rows whose advantages are 0 when the loss is `zero_at_zero_advantage`
+    provided: frozenset[str] = frozenset()  # of `inputs`, those an input provider fills for this term
+    # knobs of the term's `algo.terms` entry that configure what provides its inputs (not passed to the
+    # function), with their defaults
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    builds: Callable[..., Any] | None = None  # (**settings) -> an object built once per run for its providers
+    check: Callable[..., str | None] | None = None  # (config, **knobs, **settings) -> why they do not fit, or None
 
     def __post_init__(self):
         object.__setattr__(self, "inputs", frozenset(self.inputs))
+        object.__setattr__(self, "provided", frozenset(self.provided))
+        object.__setattr__(self, "settings", MappingProxyType(dict(self.settings)))
         if self.denominator not in DENOMINATORS:
             raise ValueError(f"denominator {self.denominator!r} is not one of {sorted(DENOMINATORS)}")
 

@@ -1,7 +1,7 @@
 """Distillation from a privileged-context teacher: the policy itself, shown something the student was not.
 
-A teacher context (registry `TEACHER_CONTEXTS`, chosen by `algo.distill.context`) is built once per run
-from `algo.distill.params` and called on each batch as `context(samples, rows, correct)`: the scored
+A teacher context (registry `TEACHER_CONTEXTS`, chosen by the `distill` term's `context` setting in
+`algo.terms`) is built once per run from its `context_params` (`build_teacher`) and called on each batch as `context(samples, rows, correct)`: the scored
 samples, their task rows and whether each one's accuracy reward is 1. It returns, per sample, None (no
 teacher) or a text the teacher prompt gets beyond the student's. The learner side
 (`lmrl.learners.teacher`) scores each completion under that prompt; the objective adds
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from lmrl.algos.kl import k3
-from lmrl.registry import Registry
+from lmrl.registry import KnobError, Registry
 from lmrl.types import Sample
 
 TEACHER_CONTEXTS: Registry = Registry("teacher context")
@@ -34,6 +34,29 @@ def k1_distill(logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
 
 
 DISTILL_ESTIMATORS = {"k1": k1_distill, "k3": k3}
+DISTILL_TOKENS = ("all", "tool_calls")  # every policy token, or only turns whose reply has a <tool_call>
+# the `distill` term's settings and their defaults: which context, its knobs, which tokens are distilled
+TEACHER_SETTINGS = {"context": "hindsight_critique", "context_params": {}, "tokens": "all"}
+
+
+def build_teacher(context: str, context_params: dict[str, Any], tokens: str):
+    """The teacher context of a run, built once from its registered name and knobs."""
+    return TEACHER_CONTEXTS.get(context)(**context_params)
+
+
+def check_teacher(cfg, context: str, context_params: dict[str, Any], tokens: str, estimator: str = "k1") -> str | None:
+    """Why the distill term cannot run (an unknown context, knob, token choice or estimator), or None."""
+    if estimator not in DISTILL_ESTIMATORS:
+        return f"estimator must be one of {sorted(DISTILL_ESTIMATORS)} (got {estimator!r})"
+    if context not in TEACHER_CONTEXTS:
+        return f"context: {TEACHER_CONTEXTS.unknown_message(context)}"
+    if tokens not in DISTILL_TOKENS:
+        return f"tokens must be one of {list(DISTILL_TOKENS)} (got {tokens!r})"
+    try:
+        TEACHER_CONTEXTS.check_knobs(context, context_params)
+    except KnobError as err:
+        return f"context_params: {err}"
+    return None
 
 
 def _runs(mask: list[int]) -> list[tuple[int, int]]:

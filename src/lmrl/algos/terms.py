@@ -28,7 +28,7 @@ from lmrl.algos.declarations import TermSpec
 from lmrl.algos.kl import KL_ESTIMATORS
 from lmrl.algos.losses import LOSSES, LossInputs
 from lmrl.algos.state import state_knobs
-from lmrl.algos.teacher import DISTILL_ESTIMATORS
+from lmrl.algos.teacher import DISTILL_ESTIMATORS, DISTILL_INPUTS, TEACHER_SETTINGS, build_teacher, check_teacher
 from lmrl.config import AlgoConfig
 from lmrl.registry import Registry
 
@@ -58,8 +58,11 @@ def kl(inputs: LossInputs, mask: torch.Tensor, estimator: str):
 
 
 @TERMS.register("distill", "reverse KL to the policy under a privileged context, on the teacher's tokens",
-                inputs={"logp", "teacher_logp", "teacher_mask"}, weights="teacher_mask")
-def distill(inputs: LossInputs, mask: torch.Tensor, estimator: str):
+                inputs={"logp", *DISTILL_INPUTS}, weights="teacher_mask", provided=DISTILL_INPUTS,
+                settings=TEACHER_SETTINGS, builds=build_teacher, check=check_teacher)
+def distill(inputs: LossInputs, mask: torch.Tensor, estimator: str = "k1"):
+    """D(π ‖ π_teacher) per token (`estimator`: k1 or k3) where the teacher's mask is 1. The entry's settings
+    (`context`, `context_params`, `tokens`) configure the teacher that provides those inputs (algos/teacher.py)."""
     where = inputs.extras["teacher_mask"]
     value = DISTILL_ESTIMATORS[estimator](inputs.logp, inputs.extras["teacher_logp"]) * where
     return value, ({"distill/kl": float(value.detach().sum() / where.sum())} if where.sum() > 0 else {})
@@ -93,7 +96,15 @@ def value(inputs: LossInputs, mask: torch.Tensor, clip: float | None):
 class ActiveTerm:
     name: str
     coef: float
-    knobs: dict[str, Any] = field(default_factory=dict)
+    knobs: dict[str, Any] = field(default_factory=dict)  # passed to the term's function
+    settings: dict[str, Any] = field(default_factory=dict)  # for what provides its inputs (`TermSpec.settings`)
+
+
+def listed_term(name: str, coef: float, params: dict[str, Any]) -> ActiveTerm:
+    """An `algo.terms` entry: its params split into the function's knobs and the declared settings."""
+    spec = TERMS.spec(name)
+    knobs = {k: v for k, v in params.items() if k not in spec.settings}
+    return ActiveTerm(name, coef, knobs, {**spec.settings, **{k: v for k, v in params.items() if k in spec.settings}})
 
 
 def active_terms(cfg: AlgoConfig) -> list[ActiveTerm]:
@@ -106,18 +117,16 @@ def active_terms(cfg: AlgoConfig) -> list[ActiveTerm]:
         "dual_clip": cfg.dual_clip, "loss_knobs": loss_knobs})]
     if cfg.kl_coef > 0 and not cfg.kl_in_reward:
         terms.append(ActiveTerm("kl", cfg.kl_coef, {"estimator": cfg.kl_estimator}))
-    if cfg.distill.coef > 0:
-        terms.append(ActiveTerm("distill", cfg.distill.coef, {"estimator": cfg.distill.estimator}))
     if cfg.entropy_coef != 0:
         terms.append(ActiveTerm("entropy", -cfg.entropy_coef))
     if cfg.critic:
         terms.append(ActiveTerm("value", cfg.value_coef, {"clip": cfg.value_clip}))
-    return terms + [ActiveTerm(t.name, t.coef, dict(t.params)) for t in cfg.terms if t.coef != 0]
+    return terms + [listed_term(t.name, t.coef, t.params) for t in cfg.terms if t.coef != 0]
 
 
 # the config key that switches each shared term on: `algo.terms` may not add them again
-KEYED_TERMS = {"policy_gradient": "algo.loss", "kl": "algo.kl_coef", "distill": "algo.distill.coef",
-               "entropy": "algo.entropy_coef", "value": "algo.critic"}
+KEYED_TERMS = {"policy_gradient": "algo.loss", "kl": "algo.kl_coef", "entropy": "algo.entropy_coef",
+               "value": "algo.critic"}
 
 
 def term_inputs(terms: list[ActiveTerm]) -> set[str]:

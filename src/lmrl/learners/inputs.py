@@ -48,11 +48,12 @@ def old_logprobs(batch: Batch, ctx: InputContext) -> None:
 
 
 @PROVIDERS.register("teacher_logp", "the current policy's log-probs of each completion under its privileged-context "
-                    "teacher prompt, and the tokens distilled (`algo.distill`, learners/teacher.py)",
+                    "teacher prompt, and the tokens distilled (the distill term, learners/teacher.py)",
                     provides=DISTILL_INPUTS | {"has_teacher"},
                     needs={"learner", "tokenizer", "samples", "rows", "cfg", "algorithm"})
 def teacher_logprobs(batch: Batch, ctx: InputContext) -> None:
-    teacher_inputs(batch, ctx.samples, ctx.rows, ctx.learner, ctx.tokenizer, ctx.cfg, ctx.algorithm.teacher)
+    teacher_inputs(batch, ctx.samples, ctx.rows, ctx.learner, ctx.tokenizer, ctx.cfg, ctx.algorithm.built["distill"],
+                   ctx.algorithm.term("distill").settings["tokens"])
 
 
 def provided_inputs() -> set[str]:

@@ -1,4 +1,4 @@
-"""Teacher log-probs for distillation from a privileged context (`algo.distill`; the contexts: algos/teacher.py).
+"""Teacher log-probs for distillation from a privileged context (the distill term; contexts: algos/teacher.py).
 
 The teacher prompt is the sample's opening chat (an episode's messages before its first reply, or the
 single-turn prompt of its task row) with the context appended to the last user message
@@ -27,7 +27,8 @@ def teacher_prompt_ids(sample: Sample, row: dict, context: str, tokenizer, syste
     return encode_opening(tokenizer, with_context(opening, context), tools)
 
 
-def teacher_inputs(batch: Batch, samples: list[Sample], rows: list[dict], learner, tokenizer, cfg, context) -> None:
+def teacher_inputs(batch: Batch, samples: list[Sample], rows: list[dict], learner, tokenizer, cfg, context,
+                   tokens: str) -> None:
     """Fill `extras["teacher_logp"]`, `extras["teacher_mask"]` [B, T] and `row_extras["has_teacher"]` [B].
 
     A sample is correct when its `reward.accuracy_component` is >= 1; `context(samples, rows, correct)`
@@ -45,6 +46,6 @@ def teacher_inputs(batch: Batch, samples: list[Sample], rows: list[dict], learne
         for k, i in enumerate(taught):
             n, src, dst = len(samples[i].completion_ids), len(teacher[k].prompt_ids) - 1, len(samples[i].prompt_ids) - 1
             logp[i, dst:dst + n] = scored[k, src:src + n]
-            mask[i, dst:dst + n] = torch.tensor(distill_mask(samples[i], cfg.algo.distill.tokens), dtype=mask.dtype)
+            mask[i, dst:dst + n] = torch.tensor(distill_mask(samples[i], tokens), dtype=mask.dtype)
     batch.extras.update(teacher_logp=logp, teacher_mask=mask)
     batch.row_extras["has_teacher"] = torch.tensor([float(bool(text)) for text in texts])

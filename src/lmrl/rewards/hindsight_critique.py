@@ -1,7 +1,7 @@
 """HindSearch's teacher context: a frozen judge's short critique of each failed trajectory.
 
 It calls a judge over HTTP (or an in-process chat model), so it lives with the judges; it registers
-into `TEACHER_CONTEXTS` (lmrl.algos.teacher), which `algo.distill.context` names (docs/methods/hindsearch.md).
+into `TEACHER_CONTEXTS` (lmrl.algos.teacher), which the distill term's `context` setting names (docs/methods/hindsearch.md).
 """
 from __future__ import annotations
 
