@@ -9,7 +9,7 @@ import torch
 
 from conftest import make_tokenizer, toy_run_config
 from lmrl.config import ConfigError
-from lmrl.loops import async_ as async_loop, build_stages, train
+from lmrl.loops import build_stages, loop as step_loop, train
 from lmrl.models import tiny_llama
 
 
@@ -67,14 +67,14 @@ def test_resume_mid_stream_gives_the_uninterrupted_run(tmp_path, monkeypatch, st
     full_result = train(full_cfg, stages=full)
 
     cfg = toy_run_config(tmp_path / "cut", 6, rollout={"max_staleness": staleness}, run={"checkpoint_every": 2})
-    real_learn = async_loop.learn
+    real_learn = step_loop.learn
 
     def failing_learn(s, kept, step):
         if step == 5:
             raise KeyboardInterrupt("killed")
         return real_learn(s, kept, step)
 
-    monkeypatch.setattr(async_loop, "learn", failing_learn)
+    monkeypatch.setattr(step_loop, "learn", failing_learn)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, stages=stages_for(cfg))
     run_dir = next((tmp_path / "cut" / "runs").iterdir())
@@ -82,7 +82,7 @@ def test_resume_mid_stream_gives_the_uninterrupted_run(tmp_path, monkeypatch, st
     queued = state["async"]["queue"]  # made from versions 3 (and 4) before the checkpoint: kept, not redone
     assert [r.step for r in queued] == [5, 6] and [r.version for r in queued] == [4 - staleness, 5 - staleness]
 
-    monkeypatch.setattr(async_loop, "learn", real_learn)
+    monkeypatch.setattr(step_loop, "learn", real_learn)
     resumed = stages_for(cfg)
     train(cfg, resume=run_dir, stages=resumed)
     assert_same(params(full), params(resumed))
