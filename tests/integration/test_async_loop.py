@@ -89,6 +89,42 @@ def test_resume_mid_stream_gives_the_uninterrupted_run(tmp_path, monkeypatch, st
     assert [r["reward/mean"] for r in steps_of(full_result.run_dir)] == [r["reward/mean"] for r in steps_of(run_dir)]
 
 
+@pytest.mark.parametrize("rollout", [{"max_staleness": 1}, {"max_staleness": 1, "stream_chunks": 2}],
+                         ids=["whole", "chunks"])
+def test_a_run_killed_between_checkpoints_saves_its_last_step_and_resumes_exactly(tmp_path, monkeypatch, rollout):
+    full_cfg = toy_run_config(tmp_path / "full", 6, rollout=rollout)
+    full = stages_for(full_cfg)
+    full_result = train(full_cfg, stages=full)
+
+    cfg = toy_run_config(tmp_path / "cut", 6, rollout=rollout)  # no checkpoint before the last step
+    name = "learn_streamed" if "stream_chunks" in rollout else "learn"
+    real = getattr(step_loop, name)
+
+    calls = []
+
+    def killed_at_step_4(*args):
+        calls.append(args)
+        if len(calls) == 4:
+            raise KeyboardInterrupt("killed")
+        return real(*args)
+
+    monkeypatch.setattr(step_loop, name, killed_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, stages=stages_for(cfg))
+    run_dir = next((tmp_path / "cut" / "runs").iterdir())
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-000003"]
+    state = torch.load(run_dir / "checkpoints" / "step-000003" / "state.pt", weights_only=False)
+    queued = state["async"]["queue"]  # what step 4 had taken comes first: kept, not redone
+    chunks = rollout.get("stream_chunks", 1)
+    assert [(r.step, r.chunk, r.version) for r in queued] == [(j, c, j - 2) for j in (4, 5) for c in range(chunks)]
+
+    monkeypatch.setattr(step_loop, name, real)
+    resumed = stages_for(cfg)
+    train(cfg, resume=run_dir, stages=resumed)
+    assert_same(params(full), params(resumed))
+    assert [r["reward/mean"] for r in steps_of(full_result.run_dir)] == [r["reward/mean"] for r in steps_of(run_dir)]
+
+
 def test_a_run_extended_past_its_steps_resumes_from_the_weights_it_has(tmp_path):
     cfg = toy_run_config(tmp_path, 3, rollout={"max_staleness": 2})
     result = train(cfg, stages=stages_for(cfg))
