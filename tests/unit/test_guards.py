@@ -127,9 +127,8 @@ def test_a_background_run_that_trips_rolls_back_restarts_its_producer_and_goes_o
     cfg = toy_run_config(tmp_path, 6, rollout=rollout, run={"checkpoint_every": 1, "keep_checkpoints": 6},
                          algo={"guards": {"enabled": True, "patience": 1}})
     s = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
-    real = step_loop.learn_streamed if "stream_chunks" in rollout else step_loop.learn
-
-    calls = []
+    name = "learn_streamed" if "stream_chunks" in rollout else "learn"
+    real, calls = getattr(step_loop, name), []
 
     def learn_once_non_finite(*args):
         out = real(*args)
@@ -139,7 +138,7 @@ def test_a_background_run_that_trips_rolls_back_restarts_its_producer_and_goes_o
             learned["grad_norm"] = float("nan")
         return out
 
-    monkeypatch.setattr(step_loop, "learn_streamed" if "stream_chunks" in rollout else "learn", learn_once_non_finite)
+    monkeypatch.setattr(step_loop, name, learn_once_non_finite)
     run_dir = train(cfg, stages=s).run_dir
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     logged = [r for r in logged if "reward/mean" in r]
@@ -149,6 +148,6 @@ def test_a_background_run_that_trips_rolls_back_restarts_its_producer_and_goes_o
     # the restarted producer makes step 4 on from the restored weights, published as version 3
     assert [r["async/staleness"] for r in logged] == [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]
     root = run_dir / "checkpoints"
-    restored, after_trip = (load_file(root / step / "model" / "model.safetensors") for step in ("step-000002", "step-000003"))
+    restored, after_trip = (load_file(root / f"step-00000{step}" / "model" / "model.safetensors") for step in (2, 3))
     assert restored.keys() == after_trip.keys()  # saved after the rollback: step 2's weights
     assert all(torch.equal(restored[k], after_trip[k]) for k in restored)

@@ -4,7 +4,7 @@ A producer thread generates step j's batch with policy version v(j) = max(0, j â
 `rollout.max_staleness` and version v means the weights after v updates, while the loop trains on
 earlier batches and publishes every new version through the weight transport (`engines.weight_sync`).
 No batch is consumed more than k versions after the policy that produced it (AReaL's bound); k = 0
-is the synchronous loop, step for step. The version is fixed by the step, not "the newest there
+is the inline source, step for step. The version is fixed by the step, not "the newest there
 is", so a run reproduces and resumes bit for bit; when generation is the slower phase (as on CPU)
 the newest version is that one anyway. Each sample records its version (`Sample.policy_version`).
 With `rollout.versions: newest` a batch (or chunk) is made from the newest published version at
@@ -25,7 +25,6 @@ import dataclasses
 import threading
 import time
 from collections import deque
-
 from contextlib import contextmanager
 from typing import Any
 

@@ -86,12 +86,11 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
     if start == 0:
         log_inputs_order(s, run)
     progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress and s.parallel.is_main)
-    if start == 0 and cfg.eval.at_start and s.eval_rows:
-        result.eval_before = evaluate_now(s, run, 0, source.eval_engine, progress)
-    source.start()
-    boundary = run_state.boundary(skip=source.live_parts)
-    done, saved, updates_at_boundary = start, start, s.learner.optimizer_steps
+    done, saved, updates_at_boundary, boundary = start, start, s.learner.optimizer_steps, {}
     try:
+        if start == 0 and cfg.eval.at_start and s.eval_rows:
+            result.eval_before = evaluate_now(s, run, 0, source.eval_engine, progress)
+        source.start()
         with progress:
             last_end = time.perf_counter()
             for step in range(start + 1, cfg.trainer.steps + 1):
