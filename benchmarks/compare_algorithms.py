@@ -41,7 +41,7 @@ def _config(preset: str, seed: int, steps: int, workdir: Path, extra: list[str],
 
 def run_one(preset: str, seed: int, steps: int, workdir: Path, extra: list[str], baseline: bool) -> list[dict]:
     """Train one preset with one seed; returns its record (and the baseline's when `baseline`)."""
-    from lmrl.loops.sync import train
+    from lmrl.loops import train
 
     result = train(_config(preset, seed, steps, workdir, extra, at_start=baseline))
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -17,7 +17,7 @@ from lmrl.learners import Learner
 from lmrl.loops.setup import build_stages
 from lmrl.loops.batching import to_batch
 from lmrl.loops.providers import provide
-from lmrl.loops.sync import batch_inputs, collect_groups
+from lmrl.loops.collect import batch_inputs, collect_groups
 
 
 def main() -> None:

@@ -140,7 +140,7 @@ def setup_child(spec: dict) -> Channel:
 def child_lmrl(spec: dict) -> None:
     chan = setup_child(spec)
     import torch
-    import lmrl.loops.sync as sync
+    import lmrl.loops.loop as step_loop
     from lmrl.config import config_to_yaml, load_config
     from lmrl.loops.setup import build_stages
 
@@ -156,7 +156,7 @@ def child_lmrl(spec: dict) -> None:
 
     stages.sampler.next_prompts = recording_next_prompts
 
-    class GatedProgress(sync.StepProgress):
+    class GatedProgress(step_loop.StepProgress):
         """Blocks between steps (after the step's timing and logging) until the parent says go."""
 
         def __enter__(self):
@@ -176,8 +176,8 @@ def child_lmrl(spec: dict) -> None:
                       uids=step_uids[-1] if step_uids else [], rss_mib=peak_rss_mib())
             chan.wait()
 
-    sync.StepProgress = GatedProgress
-    result = sync.train(cfg, stages=stages)
+    step_loop.StepProgress = GatedProgress
+    result = step_loop.train_here(cfg, stages=stages)
     # the numbers of record are those lmrl itself logged to metrics.jsonl
     rows = [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     steps = [{"step": r["step"], "step_s": r["timing/step_s"],

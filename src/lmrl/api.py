@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lmrl.config import Config, ConfigError, build_config
-from lmrl.loops.sync import RunResult
+from lmrl.loops.loop import RunResult
 from lmrl.recipe_files import merge_trees, parse_override, read_recipe, recipe_path
 
 __all__ = ["TrainResult", "evaluate", "recipe", "train"]

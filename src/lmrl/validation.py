@@ -67,13 +67,10 @@ def _registered(cfg: Config) -> None:
 
 
 def _rollout_workers(cfg: Config) -> None:
-    """Rollout workers are `hf` engines; guards roll back the synchronous loop only (docs/scaling.md)."""
+    """Rollout workers are `hf` engines (docs/scaling.md)."""
     if cfg.dist.backend != "none" and cfg.rollout.engine != "hf":
         raise ConfigError(f"dist.backend={cfg.dist.backend} runs hf rollout workers; rollout.engine="
                           f"{cfg.rollout.engine} runs in the learner's process: use dist.backend=none with it")
-    if cfg.algo.guards.enabled and cfg.rollout.max_staleness is not None:
-        raise ConfigError("algo.guards roll the synchronous loop back; the asynchronous one (rollout.max_staleness) "
-                          "has batches in flight from the abandoned steps: unset one of them")
 
 
 def _reward_names(cfg: Config) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from conftest import make_tokenizer, toy_run_config
 from lmrl.config import ConfigError
-from lmrl.loops import async_ as async_loop, build_stages, train
+from lmrl.loops import build_stages, loop as step_loop, train
 from lmrl.models import tiny_llama
 
 
@@ -67,14 +67,14 @@ def test_resume_mid_stream_gives_the_uninterrupted_run(tmp_path, monkeypatch, st
     full_result = train(full_cfg, stages=full)
 
     cfg = toy_run_config(tmp_path / "cut", 6, rollout={"max_staleness": staleness}, run={"checkpoint_every": 2})
-    real_learn = async_loop.learn
+    real_learn = step_loop.learn
 
     def failing_learn(s, kept, step):
         if step == 5:
             raise KeyboardInterrupt("killed")
         return real_learn(s, kept, step)
 
-    monkeypatch.setattr(async_loop, "learn", failing_learn)
+    monkeypatch.setattr(step_loop, "learn", failing_learn)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, stages=stages_for(cfg))
     run_dir = next((tmp_path / "cut" / "runs").iterdir())
@@ -82,7 +82,43 @@ def test_resume_mid_stream_gives_the_uninterrupted_run(tmp_path, monkeypatch, st
     queued = state["async"]["queue"]  # made from versions 3 (and 4) before the checkpoint: kept, not redone
     assert [r.step for r in queued] == [5, 6] and [r.version for r in queued] == [4 - staleness, 5 - staleness]
 
-    monkeypatch.setattr(async_loop, "learn", real_learn)
+    monkeypatch.setattr(step_loop, "learn", real_learn)
+    resumed = stages_for(cfg)
+    train(cfg, resume=run_dir, stages=resumed)
+    assert_same(params(full), params(resumed))
+    assert [r["reward/mean"] for r in steps_of(full_result.run_dir)] == [r["reward/mean"] for r in steps_of(run_dir)]
+
+
+@pytest.mark.parametrize("rollout", [{"max_staleness": 1}, {"max_staleness": 1, "stream_chunks": 2}],
+                         ids=["whole", "chunks"])
+def test_a_run_killed_between_checkpoints_saves_its_last_step_and_resumes_exactly(tmp_path, monkeypatch, rollout):
+    full_cfg = toy_run_config(tmp_path / "full", 6, rollout=rollout)
+    full = stages_for(full_cfg)
+    full_result = train(full_cfg, stages=full)
+
+    cfg = toy_run_config(tmp_path / "cut", 6, rollout=rollout)  # no checkpoint before the last step
+    name = "learn_streamed" if "stream_chunks" in rollout else "learn"
+    real = getattr(step_loop, name)
+
+    calls = []
+
+    def killed_at_step_4(*args):
+        calls.append(args)
+        if len(calls) == 4:
+            raise KeyboardInterrupt("killed")
+        return real(*args)
+
+    monkeypatch.setattr(step_loop, name, killed_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, stages=stages_for(cfg))
+    run_dir = next((tmp_path / "cut" / "runs").iterdir())
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-000003"]
+    state = torch.load(run_dir / "checkpoints" / "step-000003" / "state.pt", weights_only=False)
+    queued = state["async"]["queue"]  # what step 4 had taken comes first: kept, not redone
+    chunks = rollout.get("stream_chunks", 1)
+    assert [(r.step, r.chunk, r.version) for r in queued] == [(j, c, j - 2) for j in (4, 5) for c in range(chunks)]
+
+    monkeypatch.setattr(step_loop, name, real)
     resumed = stages_for(cfg)
     train(cfg, resume=run_dir, stages=resumed)
     assert_same(params(full), params(resumed))

@@ -12,7 +12,7 @@ import torch
 
 from conftest import make_tokenizer, toy_run_config
 from lmrl.config import ConfigError
-from lmrl.loops import async_ as async_loop, build_stages, train
+from lmrl.loops import background, build_stages, loop as step_loop, train
 from lmrl.models import tiny_llama
 
 LR = 3e-3  # toy_run_config's learning rate
@@ -85,7 +85,7 @@ def test_the_config_refuses_streaming_outside_the_asynchronous_loop(tmp_path):
 
 def test_newest_versions_mix_within_a_batch_and_keep_the_bound(tmp_path, monkeypatch):
     k = 2
-    real_collect, real_learn = async_loop.collect_chunk, async_loop.learn_streamed
+    real_collect, real_learn = background.collect_chunk, step_loop.learn_streamed
 
     def slow_collect(*args):  # rollouts take time, so a new version can be published mid-batch...
         time.sleep(0.05)
@@ -95,8 +95,8 @@ def test_newest_versions_mix_within_a_batch_and_keep_the_bound(tmp_path, monkeyp
         time.sleep(0.15)
         return real_learn(*args)
 
-    monkeypatch.setattr(async_loop, "collect_chunk", slow_collect)
-    monkeypatch.setattr(async_loop, "learn_streamed", slow_learn)
+    monkeypatch.setattr(background, "collect_chunk", slow_collect)
+    monkeypatch.setattr(step_loop, "learn_streamed", slow_learn)
     cfg = toy_run_config(tmp_path, 8, rollout={"max_staleness": k, "stream_chunks": 4, "versions": "newest"},
                          run={"save_rollouts": True})
     result = train(cfg, stages=stages_for(cfg))
@@ -121,14 +121,14 @@ def test_streamed_resume_mid_stream_gives_the_uninterrupted_run(tmp_path, monkey
     full_result = train(full_cfg, stages=full)
 
     cfg = toy_run_config(tmp_path / "cut", 6, rollout=rollout, run={"checkpoint_every": 2})
-    real_learn = async_loop.learn_streamed
+    real_learn = step_loop.learn_streamed
 
     def failing_learn(s, producer, first):
         if first.step == 5:
             raise KeyboardInterrupt("killed")
         return real_learn(s, producer, first)
 
-    monkeypatch.setattr(async_loop, "learn_streamed", failing_learn)
+    monkeypatch.setattr(step_loop, "learn_streamed", failing_learn)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, stages=stages_for(cfg))
     run_dir = next((tmp_path / "cut" / "runs").iterdir())
@@ -136,7 +136,7 @@ def test_streamed_resume_mid_stream_gives_the_uninterrupted_run(tmp_path, monkey
     queued = state["async"]["queue"]  # whole steps, chunk by chunk: nothing half-made
     assert [(r.step, r.chunk) for r in queued] == [(5, 0), (5, 1), (6, 0), (6, 1)]
 
-    monkeypatch.setattr(async_loop, "learn_streamed", real_learn)
+    monkeypatch.setattr(step_loop, "learn_streamed", real_learn)
     resumed = stages_for(cfg)
     train(cfg, resume=run_dir, stages=resumed)
     if versions == "newest":  # timing picks the versions: the bound and the step count are what hold

@@ -11,7 +11,7 @@ from conftest import make_tokenizer, toy_run_config
 from lmrl.loops import build_stages, train
 from lmrl.loops.batching import to_batch
 from lmrl.loops.providers import provide
-from lmrl.loops.sync import batch_inputs, collect_groups
+from lmrl.loops.collect import batch_inputs, collect_groups
 from lmrl.models import tiny_llama
 from lmrl.types import Origin
 

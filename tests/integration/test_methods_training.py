@@ -57,7 +57,7 @@ def test_tiny_model_learns_toy_task(tmp_path, algo, trainer, metric):
 def test_policy_split_rolls_out_both_modes_in_one_group(tmp_path):
     from lmrl.config import ConfigError
     from lmrl.loops.batching import to_batch
-    from lmrl.loops.sync import batch_inputs, collect_groups
+    from lmrl.loops.collect import batch_inputs, collect_groups
 
     cfg = toy_config(tmp_path, 8, {"preset": "policy_split"}, {})
     tok = make_tokenizer()
@@ -86,7 +86,7 @@ def test_demonstrations_train_in_the_loop(tmp_path, mode, algo):
     are added, and their behaviour log-probs are the policy's own (not the placeholder zeros)."""
     from lmrl.loops.batching import to_batch
     from lmrl.loops.providers import provide
-    from lmrl.loops.sync import batch_inputs, collect_groups
+    from lmrl.loops.collect import batch_inputs, collect_groups
 
     cfg = toy_run_config(tmp_path, 12, algo=algo, data={"demonstrations": mode}, task={"demonstration": "{answer}"})
     tok = make_tokenizer()
@@ -112,7 +112,7 @@ def test_peer_rollouts_train_with_their_sequence_importance_weight(tmp_path):
     log-probs; the sequence IS weight of a peer row is min(π_self(y)/π_peer(y), 2) and the run learns."""
     from lmrl.loops.batching import to_batch
     from lmrl.loops.providers import provide
-    from lmrl.loops.sync import batch_inputs, collect_groups
+    from lmrl.loops.collect import batch_inputs, collect_groups
 
     peers = [{"text": "7", "logprob": -1.0}, {"text": "3", "logprob": -30.0}]
     rows = [{"question": f"q{i % 10} say 7", "answer": "7", "peers": peers} for i in range(64)]
@@ -141,7 +141,7 @@ def test_peer_file_from_another_model_feeds_prp(tmp_path):
     """`python -m lmrl.data.peers` writes the recipe's training rows with a saved model's rollouts and
     their summed behaviour log-probs; the file is a task the prp preset trains on."""
     from lmrl.data.peers import main as write_peers
-    from lmrl.loops.sync import collect_groups
+    from lmrl.loops.collect import collect_groups
 
     tok = make_tokenizer()
     peer_dir = tmp_path / "peer"
@@ -165,7 +165,7 @@ def test_peer_file_from_another_model_feeds_prp(tmp_path):
 def test_group_filter_keeps_or_drops_a_prompt_with_its_variants(tmp_path):
     """DAPO's filter with prompt variants judges each prompt on its pooled groups: kept groups come
     in (plain, variant) pairs of the same prompt."""
-    from lmrl.loops.sync import collect_groups
+    from lmrl.loops.collect import collect_groups
 
     cfg = toy_config(tmp_path, 2, {"preset": "policy_split"}, {})
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"group_filter": "nonzero_std"})})

@@ -358,7 +358,7 @@ def test_old_grader_gaming_is_flagged_and_new_grader_pays_nothing_for_it():
 
 def test_the_loop_reports_the_gaming_share_of_rewarded_answers():
     """The step metrics (and so the progress bar and the report) carry gaming/restated_question."""
-    from lmrl.loops.sync import rollout_metrics
+    from lmrl.loops.collect import rollout_metrics
     from lmrl.types import Group, Sample
 
     row = {"question": "What is 3 + 4?", "answer": "7"}

@@ -13,7 +13,7 @@ from lmrl.learners.checkpoint import load_checkpoint, save_checkpoint
 from lmrl.models.checkpoint_dirs import latest_checkpoint
 from lmrl.loops import build_stages, train
 from lmrl.loops.batching import to_batch
-from lmrl.loops.sync import batch_inputs, collect_groups
+from lmrl.loops.collect import batch_inputs, collect_groups
 from lmrl.models import tiny_llama
 from lmrl.models.device import resolve_device
 from lmrl.models.precision import resolve_bf16

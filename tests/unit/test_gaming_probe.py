@@ -9,7 +9,7 @@ from lmrl.engines import Completion, SamplingParams
 from lmrl.envs import build_env
 from lmrl.envs.episodes import Limits, run_episodes
 from lmrl.envs.gaming_probe import GamingProbeEnv, contains_gold, grade, lists_gold
-from lmrl.loops.sync import rollout_metrics
+from lmrl.loops.collect import rollout_metrics
 
 Q = "What is 8 + 5?"
 

@@ -1,5 +1,5 @@
 """Failure-mode guards (algos/guards.py) and rollback (loops/run_state.py): hand-checked detection, the streak,
-rollback to the last good checkpoint."""
+rollback to the last good checkpoint, in the inline and the background batch source."""
 from __future__ import annotations
 
 import json
@@ -7,13 +7,14 @@ import math
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from conftest import make_tokenizer, toy_run_config
 from lmrl.algos.algorithm import Algorithm
 from lmrl.algos.guards import Guard, GuardError, bad_signals, ratio_outside, Verdict
 from lmrl.config import AlgoConfig, GuardConfig, load_config
 from lmrl.learners.checkpoint import list_checkpoints, load_checkpoint
-from lmrl.loops import RunResult, build_stages, train
+from lmrl.loops import RunResult, build_stages, loop as step_loop, train
 from lmrl.loops.run_dir import RunDir
 from lmrl.loops.run_state import RunState
 from lmrl.models import tiny_llama
@@ -117,3 +118,36 @@ def test_guard_step_rolls_back_on_a_trip_and_refuses_without_a_good_checkpoint(t
     state.guard_step(5, nan)
     with pytest.raises(GuardError, match="no checkpoint from before step 1 is left"):
         state.rollback(s.algorithm.states["guard"], Verdict(True, ("nonfinite",), 1), step=6)
+
+
+@pytest.mark.parametrize("rollout", [{"max_staleness": 1}, {"max_staleness": 1, "stream_chunks": 2}],
+                         ids=["whole", "chunks"])
+def test_a_background_run_that_trips_rolls_back_restarts_its_producer_and_goes_on(tmp_path, monkeypatch, rollout):
+    tok = make_tokenizer()
+    cfg = toy_run_config(tmp_path, 6, rollout=rollout, run={"checkpoint_every": 1, "keep_checkpoints": 6},
+                         algo={"guards": {"enabled": True, "patience": 1}})
+    s = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
+    name = "learn_streamed" if "stream_chunks" in rollout else "learn"
+    real, calls = getattr(step_loop, name), []
+
+    def learn_once_non_finite(*args):
+        out = real(*args)
+        calls.append(out)
+        learned = out[1] if isinstance(out, tuple) else out
+        if len(calls) == 3:  # the update of step 3 looks broken, once
+            learned["grad_norm"] = float("nan")
+        return out
+
+    monkeypatch.setattr(step_loop, name, learn_once_non_finite)
+    run_dir = train(cfg, stages=s).run_dir
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in logged if "reward/mean" in r]
+    assert [r["step"] for r in logged] == list(range(1, 7))
+    assert [r["guard/tripped"] for r in logged] == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    assert logged[2]["guard/restored_step"] == 2.0 and logged[2]["guard/lr"] == pytest.approx(1.5e-3)
+    # the restarted producer makes step 4 on from the restored weights, published as version 3
+    assert [r["async/staleness"] for r in logged] == [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+    root = run_dir / "checkpoints"
+    restored, after_trip = (load_file(root / f"step-00000{step}" / "model" / "model.safetensors") for step in (2, 3))
+    assert restored.keys() == after_trip.keys()  # saved after the rollback: step 2's weights
+    assert all(torch.equal(restored[k], after_trip[k]) for k in restored)

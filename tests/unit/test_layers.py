@@ -25,9 +25,6 @@ KNOWN_LAYER_BREAKS = {
 # Imports that close a circle today: removed together they leave no circle, each one still closes one.
 KNOWN_CYCLE_EDGES = {
     ("lmrl.config", "lmrl.validation"): "as above",
-    ("lmrl.loops.sync", "lmrl.loops.async_"): "the synchronous loop's train() hands off to the asynchronous one",
-    ("lmrl.loops.sync", "lmrl.loops.on_ray"): "the synchronous loop's train() hands off to the Ray placement",
-    ("lmrl.loops.streaming", "lmrl.loops.async_"): "streaming builds the asynchronous loop's producer",
 }
 
 ALGOS_FORBIDDEN = ("requests", "httpx", "urllib", "http", "socket", "subprocess", "aiohttp", "openai",

@@ -47,7 +47,7 @@ def named(path: Path, names: set[str]) -> list[str]:
 
 
 def test_the_loop_files_are_found():
-    assert {"sync.py", "setup.py", "providers.py", "batching.py"} <= {p.name for p in loop_files()}
+    assert {"loop.py", "collect.py", "setup.py", "providers.py", "batching.py"} <= {p.name for p in loop_files()}
 
 
 @pytest.mark.parametrize("path", loop_files(), ids=lambda p: p.name)

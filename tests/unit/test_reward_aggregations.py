@@ -4,7 +4,7 @@ import math
 import pytest
 
 from lmrl.config import RewardComponent, RewardConfig
-from lmrl.loops.sync import rollout_metrics
+from lmrl.loops.collect import rollout_metrics
 from lmrl.rewards import REWARD_AGGREGATIONS, REWARD_FNS, RewardScorer
 from lmrl.rewards.aggregations import bottleneck, gated, normalize_sum, sigmoid_align, soft_min
 from lmrl.types import Group, Sample

@@ -275,7 +275,7 @@ def test_group_component_wrong_shape_excludes_group(monkeypatch):
 
 
 def test_rollout_metrics_report_the_sampling_entropy_of_every_row():
-    from lmrl.loops.sync import rollout_metrics
+    from lmrl.loops.collect import rollout_metrics
 
     a = Sample(prompt_ids=[1], completion_ids=[5, 6], behaviour_logprobs=[-1.0, -2.0], reward=1.0,
                rewards={"answer": 1.0})

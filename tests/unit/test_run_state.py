@@ -15,7 +15,7 @@ from lmrl.learners.checkpoint import list_checkpoints
 from lmrl.loops import RunResult, build_stages, train
 from lmrl.loops.run_dir import RunDir
 from lmrl.loops.run_state import FILE_PARTS, HISTORY, RunState
-from lmrl.loops.sync import collect_groups, learn
+from lmrl.loops.collect import collect_groups, learn
 from lmrl.models import tiny_llama
 
 

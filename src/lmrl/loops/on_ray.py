@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lmrl.config import Config, ConfigError
 from lmrl.engines.workers import ray_session
-from lmrl.loops.sync import RunResult, train_here
+from lmrl.loops.loop import RunResult, train_here
 from lmrl.models.device import resolve_device
 from lmrl.models.threads import choose_threads
 

@@ -8,8 +8,11 @@ and its history, which only `--resume` restores:
   sampler, every random state, the method states (the guard among them), the reward scorer and
   the sample source;
 - history: the step, how far the logs had got, the evaluation results, why `trainer.stop_when`
-  ended the run, and the asynchronous loop's queued batches. A rollback keeps it: step numbers and
-  logs go on from where the bad streak ended (docs/guards.md).
+  ended the run, and the background batch source's queued batches. A rollback keeps it: step numbers
+  and logs go on from where the bad streak ended (docs/guards.md).
+
+The batch source (`loops.source`) takes part in a rollback: it stops before the restore and goes on
+from the restored state after it (the inline source when the loop has set none).
 """
 from __future__ import annotations
 
@@ -24,8 +27,10 @@ from lmrl.config import ConfigError
 from lmrl.data import load_source_state, source_state
 from lmrl.learners.checkpoint import load_checkpoint, remove_checkpoint, restore_rng, rng_state, save_checkpoint
 from lmrl.models.checkpoint_dirs import latest_checkpoint, list_checkpoints
+from lmrl.loops.inline import InlineSource
 from lmrl.loops.run_dir import RunDir
 from lmrl.loops.setup import Stages
+from lmrl.loops.source import BatchSource
 
 _REQUIRED = object()
 
@@ -49,8 +54,9 @@ class Part:
 class RunState:
     """The stateful parts of one run's stages (`s`), its directory and the loop's result record."""
 
-    def __init__(self, s: Stages, run: RunDir, result):
+    def __init__(self, s: Stages, run: RunDir, result, source: BatchSource | None = None):
         self.s, self.run, self.result = s, run, result
+        self.source: BatchSource = source or InlineSource(s)
         self.generators = {"rollout": s.generator, "shuffle": s.learner.shuffle}
         gens = self.generators
         self.parts: dict[str, Part] = {  # restored in this order
@@ -62,10 +68,15 @@ class RunState:
                                   lambda state: load_source_state(s.add_samples, state), {}),
         }
 
-    def boundary(self) -> dict[str, Any]:
+    def boundary(self, skip: tuple[str, ...] = ()) -> dict[str, Any]:
         """Everything besides the weights that a checkpoint at the end of this step must restore, including
-        how far the logs had got (a resumed run rewinds them there and logs the rest again)."""
-        return {**{name: part.read() for name, part in self.parts.items()}, "logs": self.run.positions()}
+        how far the logs had got (a resumed run rewinds them there and logs the rest again); `skip`: the
+        parts the batch source moves on its own, which it reads itself (`BatchSource.checkpoint_state`)."""
+        return {**self.read(tuple(name for name in self.parts if name not in skip)), "logs": self.run.positions()}
+
+    def read(self, names: tuple[str, ...]) -> dict[str, Any]:
+        """The states of the parts `names`."""
+        return {name: self.parts[name].read() for name in names}
 
     def save(self, step: int, boundary: dict[str, Any]) -> None:
         """A checkpoint at `step` holding `boundary` (a `boundary()`, with the loop's own history added):
@@ -132,17 +143,17 @@ class RunState:
                              "run.keep_checkpoints higher")
         target = good[-1]
         rollbacks = guard.rollbacks + 1
-        guard.load_state_dict({"streak": 0, "since": None, "rollbacks": 0})  # a checkpoint without guard state: none
-        self.restore(target)
         learner = self.s.learner
-        scale_lr(learner.optimizer, learner.scheduler, guard.cfg.lr_factor ** (rollbacks - guard.rollbacks))
-        guard.load_state_dict({"streak": 0, "since": None, "rollbacks": rollbacks})
-        rollout = self.generators["rollout"]
-        rollout.manual_seed(int(torch.randint(2 ** 62, (1,), generator=rollout)) + rollbacks)
-        for later in found:
-            if _step_of(later) > _step_of(target):
-                remove_checkpoint(later)
-        self.s.engine.update_weights(None, step)
+        with self.source.restarting(step):
+            guard.load_state_dict({"streak": 0, "since": None, "rollbacks": 0})  # a checkpoint without guard state
+            self.restore(target)
+            scale_lr(learner.optimizer, learner.scheduler, guard.cfg.lr_factor ** (rollbacks - guard.rollbacks))
+            guard.load_state_dict({"streak": 0, "since": None, "rollbacks": rollbacks})
+            rollout = self.generators["rollout"]
+            rollout.manual_seed(int(torch.randint(2 ** 62, (1,), generator=rollout)) + rollbacks)
+            for later in found:
+                if _step_of(later) > _step_of(target):
+                    remove_checkpoint(later)
         return {"guard/rollbacks": float(rollbacks), "guard/restored_step": float(_step_of(target)),
                 "guard/lr": float(learner.optimizer.param_groups[0]["lr"])}
 

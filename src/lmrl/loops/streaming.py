@@ -1,4 +1,4 @@
-"""Streaming consumption and multi-version batches for the asynchronous loop (`loops.async_`, docs/scaling.md).
+"""Streaming consumption and multi-version batches of the background batch source (`loops.background`, docs/scaling.md).
 
 With `rollout.stream_chunks: C` > 1 the producer draws a step's prompts at once, splits them into C
 contiguous chunks, and rolls out and scores chunk by chunk, each from its own seed drawn from the
@@ -17,21 +17,17 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from statistics import mean
-from typing import TYPE_CHECKING
-
 import torch
 
 from lmrl.algos import AGGREGATIONS
 from lmrl.engines.workers import chunk_seeds, split_evenly
+from lmrl.data.samplers import sampler_metrics
 from lmrl.loops.batching import to_batch
+from lmrl.loops.collect import batch_inputs, roll_out_and_score
 from lmrl.loops.providers import provide
 from lmrl.loops.setup import Stages
-from lmrl.data.samplers import sampler_metrics
-from lmrl.loops.sync import batch_inputs, roll_out_and_score
+from lmrl.loops.source import BatchSource, Rollout
 from lmrl.types import Group
-
-if TYPE_CHECKING:
-    from lmrl.loops.async_ import Producer, Rollout
 
 
 @dataclass
@@ -49,7 +45,7 @@ def plan_step(s: Stages, chunks: int) -> StepPlan:
 
 
 def collect_chunk(s: Stages, plan: StepPlan, chunk: int) -> tuple[list[Group], list[Group], dict[str, float]]:
-    """Roll out and score chunk `chunk` of `plan`: (groups, kept groups, metrics), as `sync.collect_groups`
+    """Roll out and score chunk `chunk` of `plan`: (groups, kept groups, metrics), as `collect.collect_groups`
     with no group filter or sample source. The sampler observes the step's groups after its last chunk."""
     generator = torch.Generator().manual_seed(plan.seeds[chunk])
     groups, families, metrics = roll_out_and_score(s, plan.rows[chunk], generator)
@@ -83,9 +79,9 @@ def merged(chunks: list[Rollout]) -> Rollout:
         generated=sum(c.generated for c in chunks), reward_seconds=sum(c.reward_seconds for c in chunks))
 
 
-def learn_streamed(s: Stages, producer: Producer, first: Rollout
+def learn_streamed(s: Stages, source: BatchSource, first: Rollout
                    ) -> tuple[Rollout, dict[str, float] | None, dict[str, float]]:
-    """Train on `first`'s step chunk by chunk as the producer queues them, then step the optimiser.
+    """Train on `first`'s step chunk by chunk as `source` makes them, then step the optimiser.
 
     Returns the step's merged rollout, the update's metrics (None when no sample was scored) and the
     streaming metrics: `async/stream_wait_s` (waiting for later chunks), `async/stream_overlap_s`
@@ -106,7 +102,7 @@ def learn_streamed(s: Stages, producer: Producer, first: Rollout
         busy.append((start, time.perf_counter()))
         if len(chunks) == first.chunks:
             break
-        chunks.append(producer.take(first.step))
+        chunks.append(source.take(first.step))
         waited += time.perf_counter() - busy[-1][1]
     learned = {**weighted_means(prepared), **update.finish()} if prepared else None  # preparation: token-weighted
     complete = chunks[-1].made_at

@@ -1,0 +1,140 @@
+"""What every step does whatever its batch source: collect (sample prompts, roll out, score, filter, add
+samples), the rollout metrics, the update on a batch (provide inputs, prepare, update, replay), evaluation.
+
+Every choice comes from a registry through `Stages`, and every per-sample input from the providers
+(docs/architecture.md); the step loop itself is `loops.loop`.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+from statistics import mean
+
+from lmrl.data import InputContext
+from lmrl.data.samplers import sampler_metrics
+from lmrl.envs import expand_prompts, pooled, prompt_families, rollout
+from lmrl.eval.evaluator import evaluate
+from lmrl.loops.batching import to_batch
+from lmrl.loops.progress import StepProgress
+from lmrl.loops.providers import provide, requested_inputs
+from lmrl.loops.run_dir import RunDir
+from lmrl.loops.setup import Stages
+from lmrl.rewards.gaming import gaming_metrics
+from lmrl.types import Group
+
+
+def roll_out_and_score(s: Stages, rows: list[dict], generator
+                       ) -> tuple[list[Group], list[list[Group]], dict[str, float]]:
+    """Roll `rows` out (as `envs.expand_prompts` expands them) and score them: the groups, the prompt families the
+    group filter keeps (judged on their pooled samples), and the scorer's metrics."""
+    groups = rollout(s.engine, s.tokenizer, expand_prompts(rows), s.cfg.rollout.group_size, s.params, generator,
+                     s.cfg.env)
+    metrics = s.scorer.score(groups)
+    return groups, [f for f in prompt_families(rows, groups) if s.keep_group(pooled(f))], metrics
+
+
+def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float]]:
+    """Roll out until enough prompts pass the group filter (or the generation budget runs out), then
+    add the samples of the run's sample source to the kept groups.
+
+    Returns every group generated (for metrics), the kept groups (for the update) and metrics. A
+    prompt may bring several groups (`envs.expand_prompts`); the filter judges and keeps or drops a
+    prompt's groups together, on their pooled samples.
+    """
+    prompts = s.cfg.rollout.prompts_per_step
+    kept: list[list[Group]] = []
+    seen: list[Group] = []
+    metrics: dict[str, float] = {}
+    batches = 0
+    while len(kept) < prompts and (s.cfg.data.max_gen_batches == 0 or batches < s.cfg.data.max_gen_batches):
+        groups, families, scored = roll_out_and_score(s, s.sampler.next_prompts(prompts), s.generator)
+        for k, v in scored.items():
+            metrics[k] = metrics.get(k, 0.0) + v
+        s.sampler.observe(groups)
+        seen += groups
+        kept += families
+        batches += 1
+    metrics = {k: v / batches for k, v in metrics.items()}
+    metrics.update(sampler_metrics(s.sampler))
+    metrics.update({"data/gen_batches": float(batches), "data/kept_groups": float(min(len(kept), prompts))})
+    chosen, added = s.add_samples([g for f in kept[:prompts] for g in f], partial(source_rollout, s))
+    metrics.update(added)
+    return seen, chosen, metrics
+
+
+def source_rollout(s: Stages, rows: list[dict], n: int, temperature: float | None = None) -> list[Group]:
+    """`n` rollouts of each of `rows` with the run's engine: the sample source's own prompts (unscored),
+    sampled at the run's temperature unless the source asks for another."""
+    params = s.params if temperature is None else replace(s.params, temperature=temperature)
+    return rollout(s.engine, s.tokenizer, rows, n, params, s.generator, s.cfg.env)
+
+
+def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, float]:
+    samples = [x for g in groups for x in g.samples]
+    scored = [x for x in samples if x.excluded is None]
+    lengths = [x.num_generated for x in samples]
+    out = {
+        "reward/mean": sum(x.reward for x in scored) / len(scored) if scored else float("nan"),
+        "accuracy": sum(x.rewards.get(accuracy_component, 0.0) >= 1.0 for x in scored) / max(len(scored), 1),
+        "response_length/mean": sum(lengths) / len(lengths),
+        "response_length/max": float(max(lengths)),
+        "truncated": sum(x.finish_reason == "length" for x in samples) / len(samples),
+        # Monte-Carlo entropy of the sampling policy: mean -log p of the sampled tokens, every row
+        "entropy/rollout": -sum(sum(x.behaviour_logprobs) for x in samples) / max(sum(lengths), 1),
+    }
+    out.update(gaming_metrics(scored, accuracy_component))  # rewarded answers that restate the question
+    for name in sorted({k for x in samples for k in x.info.get("metrics", {})}):  # rollout's own (envs)
+        out[name] = mean([x.info["metrics"][name] for x in samples if name in x.info.get("metrics", {})])
+    names = {k for x in scored for k in x.rewards}
+    for name in sorted(names):
+        out[f"reward/{name}"] = sum(x.rewards.get(name, 0.0) for x in scored) / len(scored)
+    return out
+
+
+def batch_inputs(s: Stages, groups: list[Group], step: int) -> InputContext:
+    """What the input providers may read for this step's batch of `groups`."""
+    return InputContext(s.cfg, groups, requested_inputs(s.algorithm), step=step, learner=s.learner,
+                        tokenizer=s.tokenizer, algorithm=s.algorithm)
+
+
+def learn(s: Stages, kept: list[Group], step: int) -> dict[str, float] | None:
+    """One update on the kept groups: assemble the batch, provide its inputs, prepare, update, replay.
+    None when no sample was scored (no update)."""
+    inputs = batch_inputs(s, kept, step)
+    batch = to_batch(inputs, s.engine.pad_token_id)
+    if batch is None:
+        return None
+    provide(batch, inputs, with_learner=True)
+    metrics = s.algorithm.prepare(batch)
+    metrics.update(s.learner.update(batch, s.algorithm))
+    metrics.update(s.algorithm.after_update(batch, metrics))
+    for extra in s.algorithm.replays(batch):
+        replayed = s.learner.update(extra, s.algorithm, step_scheduler=False)
+        metrics.update({f"replay/{k}": v for k, v in replayed.items()})
+    return metrics
+
+
+def evaluate_now(s: Stages, run: RunDir, step: int, engine=None, progress: StepProgress | None = None
+                 ) -> dict[str, float]:
+    """Evaluate the held-out rows with `engine` (the run's own by default), show it on `progress`, log the result."""
+    cfg = s.cfg
+    with (progress or StepProgress(0, 0, enabled=False)).evaluation(step) as shown:
+        metrics, groups = evaluate(engine or s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval,
+                                   cfg.rollout.max_new_tokens, cfg.reward.accuracy_component, seed=cfg.trainer.seed,
+                                   environment=cfg.env, advance=shown.advance)
+        shown.finish(metrics)
+    run.log(step, metrics)
+    run.log_samples(step, [sample_row(g, "eval") for g in groups[:3]])
+    return metrics
+
+
+def log_inputs_order(s: Stages, run: RunDir) -> None:
+    if "reward_components" in requested_inputs(s.algorithm):  # the column order of [B, K]
+        run.log(0, {"inputs/reward_components": ",".join(c.name for c in s.cfg.reward.components)})
+
+
+def sample_row(group: Group, split: str) -> dict:
+    """The first sample of `group` as a row of the samples log."""
+    x = group.samples[0]
+    return {"split": split, "prompt": group.row["question"], "completion": x.info["text"], "reward": x.reward,
+            "gold": str(group.row.get("answer")), "excluded": x.excluded}
