@@ -127,3 +127,27 @@ def test_rollback_restores_every_part_resume_restores(tmp_path):
         assert same(from_resume[name], rolled_back[name]), name
     assert same(from_resume["rng"], at_checkpoint["rng"]) and same(from_resume["algorithm"], at_checkpoint["algorithm"])
     assert rolled_back["sample_source"] == {"calls": 2, "groups": 8}  # the bad step's source state is gone
+
+
+def test_a_checkpoint_pickled_before_a_record_class_moved_still_loads(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    import torch
+
+    from lmrl.learners.checkpoint import MOVED_MODULES, load_state
+    from lmrl.loops.source import Rollout
+
+    old = types.ModuleType("lmrl.loops.async_")
+
+    class OldRollout(Rollout):  # the same record, pickled under the module earlier versions had
+        pass
+
+    OldRollout.__module__, OldRollout.__qualname__, OldRollout.__name__ = "lmrl.loops.async_", "Rollout", "Rollout"
+    old.Rollout = OldRollout
+    monkeypatch.setitem(sys.modules, "lmrl.loops.async_", old)
+    torch.save({"async": {"queue": [OldRollout(3, 1, [], [], {"m": 1.0}, 0.5, 7)]}}, tmp_path / "state.pt")
+    monkeypatch.delitem(sys.modules, "lmrl.loops.async_")
+    assert MOVED_MODULES["lmrl.loops.async_"] == "lmrl.loops.source"
+    [rollout] = load_state(tmp_path)["async"]["queue"]
+    assert type(rollout) is Rollout and (rollout.step, rollout.version, rollout.generated) == (3, 1, 7)

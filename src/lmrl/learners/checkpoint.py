@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -125,6 +127,23 @@ def _load_modules(path: Path, modules: dict[str, torch.nn.Module]) -> None:
         module.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
 
 
+# records a checkpoint pickled under a module that has moved since: old module -> where the class lives now
+MOVED_MODULES = {"lmrl.loops.async_": "lmrl.loops.source"}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        return super().find_class(MOVED_MODULES.get(module, module), name)
+
+
+_PICKLE = SimpleNamespace(Unpickler=_Unpickler, load=pickle.load, __name__="pickle")  # for torch.load
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's `state.pt` (written by any earlier version: moved record classes are found anew)."""
+    return torch.load(path / "state.pt", map_location="cpu", weights_only=False, pickle_module=_PICKLE)
+
+
 def load_checkpoint(path: Path, model, optimizer, scheduler,
                     modules: dict[str, torch.nn.Module] | None = None) -> dict[str, Any]:
     """Restore weights (and `modules`), optimiser and scheduler in place; return the saved state dict.
@@ -142,7 +161,7 @@ def load_checkpoint(path: Path, model, optimizer, scheduler,
     optim = torch.load(path / "optim.pt", map_location="cpu", weights_only=False)
     optimizer.load_state_dict(_with_kernels_of(optimizer, optim["optimizer"]))
     scheduler.load_state_dict(optim["scheduler"])
-    return torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    return load_state(path)
 
 
 def _with_kernels_of(optimizer, saved: dict[str, Any]) -> dict[str, Any]:
