@@ -39,20 +39,20 @@ def rollout_throughput(new_tokens: int, repeats: int, bf16_setting: str, threads
     """Generated tokens/s of each engine at each size: {(engine, rows): [tok/s per repeat]}, and bf16 used."""
     from lmrl.config import load_config
     from lmrl.engines import SamplingParams, build_engine
-    from lmrl.envs import prepare_data
-    from lmrl.models import load_model, load_tokenizer, resolve_model_path
+    from lmrl.envs.pieces import build_pieces
     from lmrl.models.precision import resolve_bf16
     from lmrl.models.threads import apply_threads
 
     def config(engine: str):
         return load_config("quickstart", [f"rollout.engine={engine}", f"trainer.bf16={bf16_setting}",
-                                          f"rollout.max_new_tokens={new_tokens}", f"rollout.group_size={GROUP}",
-                                          f"rollout.prompts_per_step={max(SIZES)}", "task.num_train=64"])
+                                          "trainer.device=cpu", f"rollout.max_new_tokens={new_tokens}",
+                                          f"rollout.group_size={GROUP}", f"rollout.prompts_per_step={max(SIZES)}",
+                                          "task.num_train=64"])
 
     cfg = config("hf")
-    path = resolve_model_path(cfg.model.path)
-    tokenizer, model = load_tokenizer(path), load_model(path)
-    prompts = [row["prompt_ids"] for row in prepare_data(cfg, tokenizer)[0][: max(SIZES)]]
+    pieces = build_pieces(cfg, engine=False)  # one model for both engines
+    tokenizer, model = pieces.tokenizer, pieces.model
+    prompts = [row["prompt_ids"] for row in pieces.train_rows[: max(SIZES)]]
     engines = {name: build_engine(config(name), model, tokenizer) for name in ("hf", "vllm")}
     params = SamplingParams(max_new_tokens=new_tokens)
     gen = torch.Generator().manual_seed(0)

@@ -283,16 +283,16 @@ def child_trl(spec: dict) -> None:
     from lmrl.config import load_config
     from lmrl.data import SAMPLERS
     from lmrl.envs import prompt_messages
-    from lmrl.envs import prepare_data
-    from lmrl.models import load_tokenizer, resolve_model_path
+    from lmrl.envs.pieces import build_pieces
+    from lmrl.models import resolve_model_path
     from lmrl.rewards.functions import answers_match, final_answer
 
     P, G = spec["prompts"], spec["group"]
     total = spec["warmup"] + spec["steps"]
     cfg = load_config("quickstart", lmrl_overrides(spec))
     model_dir = resolve_model_path(cfg.model.path)
-    tokenizer = load_tokenizer(model_dir)
-    train_rows, _, _ = prepare_data(cfg, tokenizer)
+    pieces = build_pieces(cfg, weights=False)  # TRL loads the model itself, from model_dir
+    tokenizer, train_rows = pieces.tokenizer, pieces.train_rows
     sampler = SAMPLERS.get(cfg.data.sampler)(train_rows, seed=cfg.trainer.seed)
     ordered = [row for _ in range(total) for row in sampler.next_prompts(P)]  # exactly lmrl's draws
     dataset = datasets.Dataset.from_list([

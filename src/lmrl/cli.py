@@ -308,7 +308,8 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--name", help="model name reported by the API (default: the directory name or 'default')")
-    sv.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    sv.add_argument("--device", default="auto",
+                    help="auto (the first CUDA device when there is one), cpu, cuda or cuda:N")
     sv.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask for")
     sv.add_argument("--max-batch-rows", type=int, default=32, help="most completions generated in one batched call")
     sv.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond this are refused (HTTP 429)")

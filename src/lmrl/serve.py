@@ -287,11 +287,15 @@ def load_served_model(model_path: str, base: str | None = None):
 
 
 def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
-          api_key: str | None = None, device: str = "cpu", base: str | None = None, **service_options) -> None:
-    """Load `model_path` (see `load_served_model`) and serve until interrupted."""
+          api_key: str | None = None, device: str = "auto", base: str | None = None, **service_options) -> None:
+    """Load `model_path` (see `load_served_model`) onto `device` (auto | cpu | cuda | cuda:N, resolved as
+    `trainer.device` is: `models.device.resolve_device`) and serve until interrupted."""
+    from lmrl.models.device import resolve_device
+
+    placed = resolve_device(device)
     model, tokenizer, path = load_served_model(model_path, base)
     name = model_name or (model_path if model_path == "default" else path.name)
-    server = build_server(model.to(device), tokenizer, host, port, name, api_key=api_key, **service_options)
+    server = build_server(model.to(placed), tokenizer, host, port, name, api_key=api_key, **service_options)
     bound_host, bound_port = server.server_address[:2]
     if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
         print(f"lmrl serve: warning: listening on {host} without an API key; anyone who can reach it can use it",

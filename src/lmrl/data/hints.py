@@ -49,9 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from lmrl.config import load_config
-    from lmrl.engines import build_engine
-    from lmrl.envs import prepare_data
-    from lmrl.models import load_model, load_tokenizer, resolve_model_path
+    from lmrl.envs.pieces import build_pieces
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("recipe")
@@ -64,12 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(a.recipe, [*a.overrides, "data.demonstrations=hints"])
     if not source_params(cfg).selected:
         p.error("data.source_params.selected names no field to write the chosen indices to")
-    path = resolve_model_path(cfg.model.path)
-    tokenizer = load_tokenizer(path)
-    train, _, _ = prepare_data(cfg, tokenizer)
-    engine = build_engine(cfg, load_model(path), tokenizer)
+    pieces = build_pieces(cfg)
+    train = pieces.train_rows
     generator = torch.Generator().manual_seed(cfg.trainer.seed)
-    rows = choose_hints(cfg, train[: a.rows] if a.rows else train, engine, tokenizer, a.samples, a.delta, generator)
+    rows = choose_hints(cfg, train[: a.rows] if a.rows else train, pieces.engine, pieces.tokenizer, a.samples,
+                        a.delta, generator)
     a.out.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
     print(f"{len(rows)} prompts with their chosen hints written to {a.out}")
     return 0

@@ -27,16 +27,14 @@ def peer_rows(recipe: str, overrides: list[str], model: str, samples: int, rows:
     import torch
 
     from lmrl.config import load_config
-    from lmrl.engines import build_engine, sampling_params
-    from lmrl.envs import prepare_data, rollout
-    from lmrl.models import load_model, load_tokenizer, resolve_model_path
+    from lmrl.engines import sampling_params
+    from lmrl.envs import rollout
+    from lmrl.envs.pieces import build_pieces
 
     cfg = load_config(recipe, [*overrides, f"model.path={model}"])
-    path = resolve_model_path(cfg.model.path)
-    tokenizer = load_tokenizer(path)
-    train, _, _ = prepare_data(cfg, tokenizer)
-    train = train[:rows] if rows else train
-    engine = build_engine(cfg, load_model(path), tokenizer)
+    pieces = build_pieces(cfg)
+    engine, tokenizer = pieces.engine, pieces.tokenizer
+    train = pieces.train_rows[:rows] if rows else pieces.train_rows
     generator = torch.Generator().manual_seed(cfg.trainer.seed)
     chunk = cfg.rollout.prompts_per_step
     out = []

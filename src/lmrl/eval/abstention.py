@@ -123,10 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from lmrl.config import load_config
-    from lmrl.engines import SamplingParams, build_engine
-    from lmrl.envs import prepare_data, rollout
+    from lmrl.engines import SamplingParams
+    from lmrl.envs import rollout
+    from lmrl.envs.pieces import build_pieces
     from lmrl.eval.evaluator import evaluate
-    from lmrl.models import load_model, load_tokenizer, resolve_model_path
     from lmrl.rewards import RewardScorer
 
     p = argparse.ArgumentParser(prog="python -m lmrl.eval.abstention", description=main.__doc__)
@@ -149,11 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     params = abstention_params(cfg)
     lam = args.lam if args.lam is not None else float(params.get("lam", 1.0))
     params = {k: v for k, v in params.items() if k in DETECTOR_KEYS}
-    path = resolve_model_path(cfg.model.path)
-    tokenizer = load_tokenizer(path)
-    _, eval_rows, _ = prepare_data(cfg, tokenizer)
-    engine = build_engine(cfg, load_model(path), tokenizer)
-    metrics, groups = evaluate(engine, tokenizer, eval_rows, RewardScorer(cfg.reward), cfg.eval,
+    pieces = build_pieces(cfg)
+    engine, tokenizer = pieces.engine, pieces.tokenizer
+    metrics, groups = evaluate(engine, tokenizer, pieces.eval_rows, RewardScorer(cfg.reward), cfg.eval,
                                cfg.rollout.max_new_tokens, cfg.reward.accuracy_component, seed=cfg.trainer.seed)
     metrics.update(abstention_eval_metrics(groups, lam, **params))
     if args.replies:

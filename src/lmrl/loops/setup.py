@@ -14,18 +14,16 @@ from lmrl.dist import DataParallel, Parallel, init_from_env
 from lmrl.dist.rollouts import ShardedRollouts
 from lmrl.data import GROUP_FILTERS, build_sampler, sample_source
 from lmrl.data.probe import bind_probe
-from lmrl.engines import SamplingParams, build_engine, sampling_params
-from lmrl.envs import prepare_data
+from lmrl.engines import SamplingParams, sampling_params
+from lmrl.envs.pieces import Pieces, build_pieces
 from lmrl.envs.prepare import check_rows_for_a_step, encode_task
 from lmrl.envs.tasks import TaskData, load_task
 from lmrl.loops.run_dir import run_dir_for
 from lmrl.learners import Learner
 from lmrl.validation import check_names, check_row_fields
-from lmrl.models import load_model, load_tokenizer, resolve_model_path
+from lmrl.models import load_tokenizer, resolve_model_path
 from lmrl.models.device import resolve_device
-from lmrl.models.lora import apply_lora, frozen_base_in_bf16
 from lmrl.models.precision import resolve_bf16
-from lmrl.models.weights import is_peft
 from lmrl.rewards import RewardScorer
 
 
@@ -70,46 +68,39 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
     """Validate names, load and encode the data, then load the model and build every stage.
 
     `model` and `tokenizer` may be passed in (tests, notebooks); otherwise `model.path` is loaded.
-    The model gets its LoRA adapters (`model.lora`) and moves to `trainer.device`; the engine and
-    the learner share it there. Under bf16 autocast a LoRA model's frozen linear weights are kept in
-    bf16 (`models.lora.frozen_base_in_bf16`: the same numbers, no per-call casts).
+    The tokenizer, data, model (with its LoRA adapters, on `trainer.device`) and engine are
+    `envs.pieces.build_pieces`'s; the training rows are checked and the sampler built before any weights
+    load, and the learner shares the engine's model.
     """
     check_names(cfg)
-    device = resolve_device(cfg.trainer.device)
     parallel = data_parallel(cfg)
-    if tokenizer is None:
-        path = resolve_model_path(cfg.model.path)
-        tokenizer = load_tokenizer(path)
-    task = load_task(cfg.task)
-    train, held, notes = prepare_data(cfg, tokenizer, task)
-    if cfg.run.progress and parallel.is_main:
-        print(f"data: {TaskData(train, held, task.held_out_from).summary()}", file=sys.stderr, flush=True)
-    check_row_fields(cfg, train)
-    sampler = build_sampler(cfg, train)
-    torch.manual_seed(cfg.trainer.seed)
-    if model is None:
-        model = load_model(resolve_model_path(cfg.model.path))
-    if cfg.model.lora is not None and not is_peft(model):
-        model = apply_lora(model, cfg.model.lora)
-    model = model.to(device)
-    bf16 = resolve_bf16(cfg.trainer.bf16, device)
-    if bf16 and is_peft(model):
-        frozen_base_in_bf16(model)
-    engine = build_engine(cfg, model, tokenizer)
+    sampler = None
+
+    def data_ready(pieces: Pieces) -> None:
+        nonlocal sampler
+        if cfg.run.progress and parallel.is_main:
+            summary = TaskData(pieces.train_rows, pieces.eval_rows, pieces.task.held_out_from).summary()
+            print(f"data: {summary}", file=sys.stderr, flush=True)
+        check_row_fields(cfg, pieces.train_rows)
+        sampler = build_sampler(cfg, pieces.train_rows)
+
+    pieces = build_pieces(cfg, model, tokenizer, trains=True, before_model=data_ready)
+    model, tokenizer, engine = pieces.model, pieces.tokenizer, pieces.engine
     if parallel.world_size > 1:
         engine = ShardedRollouts(engine, parallel)
     algorithm = Algorithm(cfg.algo, cfg.rollout.max_new_tokens)
     learner = Learner(model, cfg.trainer, cfg.rollout.temperature, needs_reference=algorithm.needs_reference,
-                      bf16=bf16, critic=algorithm.critic, critic_lr=cfg.algo.critic_lr,
-                      critic_shares_trunk=cfg.algo.critic_shares_trunk, parallel=parallel)
+                      bf16=resolve_bf16(cfg.trainer.bf16, pieces.device), critic=algorithm.critic,
+                      critic_lr=cfg.algo.critic_lr, critic_shares_trunk=cfg.algo.critic_shares_trunk,
+                      parallel=parallel)
     generator = torch.Generator().manual_seed(cfg.trainer.seed)
     bind_probe(sampler, cfg, engine, model, generator)  # a sampler that checks prompts with the policy
     scorer = RewardScorer(cfg.reward)
     return Stages(
         cfg=cfg, tokenizer=tokenizer, model=model, engine=engine, algorithm=algorithm, learner=learner,
         sampler=sampler, keep_group=GROUP_FILTERS.get(cfg.data.group_filter), scorer=scorer,
-        add_samples=sample_source(cfg, tokenizer, scorer), eval_rows=held,
-        generator=generator, params=sampling_params(cfg), data_notes=notes, parallel=parallel,
+        add_samples=sample_source(cfg, tokenizer, scorer), eval_rows=pieces.eval_rows,
+        generator=generator, params=sampling_params(cfg), data_notes=pieces.data_notes, parallel=parallel,
     )
 
 
