@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -66,36 +67,62 @@ def generate_groups(engine, tokenizer, rows: list[dict], n: int, params: Samplin
     return groups
 
 
-def evaluate(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: EvalConfig,
-             max_new_tokens: int, accuracy_component: str, seed: int = 0,
-             environment: EnvConfig | None = None, advance: Callable[[int, int], None] | None = None
-             ) -> tuple[dict[str, float], list[Group]]:
-    """Greedy accuracy on `rows`; with `cfg.samples` > 1 sampled completions per row, pass@k and
-    maj@n (the accuracy of each problem's majority answer: what label-free majority-vote training
-    can at best teach). With an `environment` naming one, each row is a greedy episode (the
-    environment's randomness seeded from `seed`, so every evaluation plays the same episodes) and
-    the environment's own metrics are reported too (`eval/env/...`).
+@dataclass
+class Replies:
+    """One evaluation's scored replies: per held-out row its greedy reply and, with `eval.samples` > 1, its
+    sampled ones (`sampled` is None otherwise), in row order."""
 
-    The accuracy is the accuracy component's alone, over the prompts it gave a verdict on; those it
-    did not (it erred on them) are counted in `eval/excluded`, not as wrong. `advance(done, total)`
-    is told after each engine call how many of the rows to generate for are done (a progress display)."""
+    rows: list[dict]
+    greedy: list[Group]
+    sampled: list[Group] | None
+    max_new_tokens: int
+    episodes: bool  # each reply is an episode of `env.name`
+
+
+def reply(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: EvalConfig, max_new_tokens: int,
+          seed: int = 0, environment: EnvConfig | None = None,
+          advance: Callable[[str, int, int], None] | None = None) -> Replies:
+    """The evaluator: the first `eval.num_prompts` of `rows` each get one greedy reply, then (with
+    `eval.samples` > 1) `eval.samples` sampled ones at `eval.temperature` from a generator seeded with
+    `seed`, all within `eval.max_new_tokens` (else `max_new_tokens`), each set scored by `scorer`. With
+    an `environment` naming one, each reply is an episode whose randomness is seeded from `seed` too,
+    so every evaluation plays the same episodes. The training loop's held-out metrics (`evaluate`) and
+    `lmrl eval`'s suite (`eval.suite.run_suite`) are both computed from what this returns.
+
+    `advance(phase, done, rows)`: at the start of each phase ("greedy", then "N samples") and after
+    each engine call, how many of its `rows` rows are done (a progress display)."""
     rows = rows[: cfg.num_prompts] if cfg.num_prompts else rows
-    if not rows:
-        return {}, []
     budget = cfg.max_new_tokens or max_new_tokens
     episodes = environment is not None and environment.name is not None
-    episode_seeds = torch.Generator().manual_seed(seed) if episodes else None
-    total, done = len(rows) * (2 if cfg.samples > 1 else 1), [0]
+    replies = Replies(rows, [], None, budget, episodes)
+    if not rows:
+        return replies
 
-    def step(n: int) -> None:
-        done[0] += n
-        if advance is not None:
-            advance(done[0], total)
+    def phase(name: str, n: int, params: SamplingParams, generator: torch.Generator | None) -> list[Group]:
+        done = [0]
 
-    step(0)
-    greedy_groups = generate_groups(engine, tokenizer, rows, 1, SamplingParams(max_new_tokens=budget, greedy=True),
-                                    cfg.batch_size, episode_seeds, environment, step)
-    scorer.score(greedy_groups)
+        def step(k: int) -> None:
+            done[0] += k
+            if advance is not None:
+                advance(name, done[0], len(rows))
+
+        step(0)
+        groups = generate_groups(engine, tokenizer, rows, n, params, cfg.batch_size, generator, environment, step)
+        scorer.score(groups)
+        return groups
+
+    replies.greedy = phase("greedy", 1, SamplingParams(max_new_tokens=budget, greedy=True),
+                           torch.Generator().manual_seed(seed) if episodes else None)
+    if cfg.samples > 1:
+        replies.sampled = phase(f"{cfg.samples} samples", cfg.samples,
+                                SamplingParams(max_new_tokens=budget, temperature=cfg.temperature),
+                                torch.Generator().manual_seed(seed))
+    return replies
+
+
+def held_out_metrics(replies: Replies, cfg: EvalConfig, accuracy_component: str) -> dict[str, float]:
+    """The training loop's `eval/...` metrics of `replies` (see `evaluate`)."""
+    greedy_groups = replies.greedy
     graded = [flags[0] for flags in graded_flags(greedy_groups, accuracy_component)]
     verdicts = [v for v in graded if v is not None]
     lengths = [s.num_generated for g in greedy_groups for s in g.samples]
@@ -103,24 +130,43 @@ def evaluate(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: Eva
         "eval/accuracy": sum(verdicts) / len(verdicts) if verdicts else float("nan"),
         "eval/excluded": float(len(graded) - len(verdicts)),
         "eval/response_length": sum(lengths) / len(lengths),
-        "eval/num_prompts": float(len(rows)),
+        "eval/num_prompts": float(len(replies.rows)),
         "eval/gaming_restated_question": gaming_share([s for g in greedy_groups for s in g.samples],
                                                       accuracy_component),
     }
-    if episodes:
+    if replies.episodes:
         metrics.update(episode_metrics(greedy_groups))
-    if cfg.samples > 1:
-        gen = torch.Generator().manual_seed(seed)
-        params = SamplingParams(max_new_tokens=budget, temperature=cfg.temperature)
-        sampled = generate_groups(engine, tokenizer, rows, cfg.samples, params, cfg.batch_size, gen, environment,
-                                  step)
-        scorer.score(sampled)
-        sampled_graded = graded_flags(sampled, accuracy_component)
+    if replies.sampled is not None:
+        sampled_graded = graded_flags(replies.sampled, accuracy_component)
         sampled_correct = [[v is True for v in flags] for flags in sampled_graded]
         metrics["eval/excluded_samples"] = float(sum(v is None for flags in sampled_graded for v in flags))
         for k in cfg.pass_k:
             if k <= cfg.samples:
                 metrics[f"eval/pass@{k}"] = mean_pass_at_k(sampled_correct, k)
-        voted = majority_correct(sampled, sampled_correct)
+        voted = majority_correct(replies.sampled, sampled_correct)
         metrics[f"eval/maj@{cfg.samples}"] = sum(voted) / len(voted)
-    return metrics, greedy_groups
+    return metrics
+
+
+def evaluate(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: EvalConfig,
+             max_new_tokens: int, accuracy_component: str, seed: int = 0,
+             environment: EnvConfig | None = None, advance: Callable[[int, int], None] | None = None
+             ) -> tuple[dict[str, float], list[Group]]:
+    """The training loop's held-out evaluation (`reply`, then these metrics) and its greedy groups.
+
+    Greedy accuracy on `rows`; with `cfg.samples` > 1, pass@k and maj@n (the accuracy of each problem's
+    majority answer: what label-free majority-vote training can at best teach); with an `environment`,
+    the environment's own metrics too (`eval/env/...`). The accuracy is the accuracy component's alone,
+    over the prompts it gave a verdict on; those it did not (it erred on them) are counted in
+    `eval/excluded`, not as wrong. `advance(done, total)` is told after each engine call how many of the
+    rows to generate for, over both phases, are done (a progress display)."""
+    phases = 2 if cfg.samples > 1 else 1
+
+    def overall(phase: str, done: int, rows_in_phase: int) -> None:
+        advance(done + (0 if phase == "greedy" else rows_in_phase), phases * rows_in_phase)
+
+    replies = reply(engine, tokenizer, rows, scorer, cfg, max_new_tokens, seed, environment,
+                    overall if advance is not None else None)
+    if not replies.rows:
+        return {}, []
+    return held_out_metrics(replies, cfg, accuracy_component), replies.greedy

@@ -16,14 +16,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from lmrl.config import Config, ConfigError, EnvConfig, EvalConfig, load_config
-from lmrl.engines.base import SamplingParams
 from lmrl.eval.abstention import DETECTOR_KEYS, abstention_params
-from lmrl.eval.evaluator import correct_flags, episode_metrics, generate_groups
+from lmrl.eval.evaluator import correct_flags, episode_metrics, reply
 from lmrl.eval.metrics import (abstention_metrics, distinct_n, expected_calibration_error, majority, pass_at_k,
                                risk_coverage)
 from lmrl.eval.suite_report import json_safe
@@ -140,33 +138,27 @@ def progress_bar(enabled: bool = True):
 def run_suite(engine, tokenizer, rows: list[dict], scorer, cfg: EvalConfig, max_new_tokens: int,
               accuracy_component: str, seed: int = 0, environment: EnvConfig | None = None, lam: float = 1.0,
               detector: dict | None = None, progress: bool = True) -> dict:
-    """Greedy and sampled replies to `rows`, scored, as the suite's JSON document (same generation and
-    seeds as `evaluate`, so its pass@k and maj@n agree)."""
-    rows = rows[: cfg.num_prompts] if cfg.num_prompts else rows
-    if not rows:
-        raise ValueError("no held-out prompts to evaluate (task.num_eval or eval.num_prompts is 0)")
-    budget = cfg.max_new_tokens or max_new_tokens
-    episodes = environment is not None and environment.name is not None
+    """The suite's JSON document of the evaluator's replies to `rows` (`evaluator.reply`: the training
+    loop's evaluation generates and scores the same replies)."""
     with progress_bar(progress) as bar:
-        task = bar.add_task("eval: greedy", total=len(rows))
-        greedy = generate_groups(engine, tokenizer, rows, 1, SamplingParams(max_new_tokens=budget, greedy=True),
-                                 cfg.batch_size, torch.Generator().manual_seed(seed) if episodes else None, environment,
-                                 lambda k: bar.advance(task, k))
-        scorer.score(greedy)
-        sampled = greedy
-        if cfg.samples > 1:
-            task = bar.add_task(f"eval: {cfg.samples} samples", total=len(rows))
-            sampled = generate_groups(engine, tokenizer, rows, cfg.samples,
-                                      SamplingParams(max_new_tokens=budget, temperature=cfg.temperature),
-                                      cfg.batch_size, torch.Generator().manual_seed(seed), environment,
-                                      lambda k: bar.advance(task, k))
-            scorer.score(sampled)
-    records = [prompt_record(g, s, accuracy_component, detector) for g, s in zip(greedy, sampled)]
+        tasks: dict[str, int] = {}
+
+        def advance(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(f"eval: {phase}", total=total)
+            bar.update(tasks[phase], completed=done)
+
+        replies = reply(engine, tokenizer, rows, scorer, cfg, max_new_tokens, seed, environment, advance)
+    if not replies.rows:
+        raise ValueError("no held-out prompts to evaluate (task.num_eval or eval.num_prompts is 0)")
+    greedy = replies.greedy
+    records = [prompt_record(g, s, accuracy_component, detector)
+               for g, s in zip(greedy, replies.sampled or greedy)]
     metrics = aggregate(records, cfg.pass_k, lam)
-    if episodes:
+    if replies.episodes:
         metrics.update({k.removeprefix("eval/"): v for k, v in episode_metrics(greedy).items()})
     settings = {"samples": cfg.samples, "temperature": cfg.temperature, "ks": ks_for(records, cfg.pass_k),
-                "max_new_tokens": budget, "num_prompts": len(rows), "lam": lam, "seed": seed}
+                "max_new_tokens": replies.max_new_tokens, "num_prompts": len(replies.rows), "lam": lam, "seed": seed}
     return {"lmrl_eval": FORMAT, "settings": settings, "metrics": metrics,
             "never_solved": never_solved(records), "prompts": records}
 
@@ -209,21 +201,15 @@ def eval_target(recipe: str | None, overrides: list[str], model: str | None,
 
 def run_eval(cfg: Config, probe: str | None = None) -> dict:
     """Load `cfg`'s model and held-out prompts and run the suite (and the reward-seeking probe, if given)."""
-    from lmrl.engines import build_engine
-    from lmrl.envs import prepare_data
-    from lmrl.models import load_model, load_tokenizer, resolve_model_path
-    from lmrl.models.device import resolve_device
+    from lmrl.envs.pieces import build_pieces
     from lmrl.rewards import RewardScorer
     from lmrl.validation import check_names
 
     check_names(cfg)
-    path = resolve_model_path(cfg.model.path)
-    tokenizer = load_tokenizer(path)
-    _, rows, _ = prepare_data(cfg, tokenizer)
-    model = load_model(path).to(resolve_device(cfg.trainer.device))
-    engine = build_engine(cfg, model, tokenizer)
+    pieces = build_pieces(cfg)
+    model, tokenizer = pieces.model, pieces.tokenizer
     params = abstention_params(cfg)
-    result = run_suite(engine, tokenizer, rows, RewardScorer(cfg.reward), cfg.eval, cfg.rollout.max_new_tokens,
+    result = run_suite(pieces.engine, tokenizer, pieces.eval_rows, RewardScorer(cfg.reward), cfg.eval, cfg.rollout.max_new_tokens,
                        cfg.reward.accuracy_component, seed=cfg.trainer.seed, environment=cfg.env,
                        lam=float(params.get("lam", 1.0)), detector={k: v for k, v in params.items()
                                                                      if k in DETECTOR_KEYS},
