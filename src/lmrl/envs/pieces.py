@@ -27,6 +27,8 @@ from lmrl.models.weights import is_peft
 
 @dataclass
 class Pieces:
+    """What `build_pieces` built: the device and data always, the model and engine when asked for."""
+
     device: torch.device  # trainer.device, resolved: where the model is
     tokenizer: Any
     task: TaskData  # the task's rows as loaded (its split, for the summary)

@@ -15,6 +15,8 @@ from lmrl.rewards.gaming import gaming_share
 from lmrl.rewards.group import answer_classes, sample_answer
 from lmrl.types import Group
 
+GREEDY = "greedy"  # the first phase of an evaluation: one greedy reply per row
+
 
 def graded_flags(groups: list[Group], component: str) -> list[list[bool | None]]:
     """Per group, per sample: whether the accuracy component `component` (a component, or a component's
@@ -79,9 +81,9 @@ class Replies:
     episodes: bool  # each reply is an episode of `env.name`
 
 
-def reply(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: EvalConfig, max_new_tokens: int,
-          seed: int = 0, environment: EnvConfig | None = None,
-          advance: Callable[[str, int, int], None] | None = None) -> Replies:
+def held_out_replies(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: EvalConfig,
+                     max_new_tokens: int, seed: int = 0, environment: EnvConfig | None = None,
+                     advance: Callable[[str, int, int], None] | None = None) -> Replies:
     """The evaluator: the first `eval.num_prompts` of `rows` each get one greedy reply, then (with
     `eval.samples` > 1) `eval.samples` sampled ones at `eval.temperature` from a generator seeded with
     `seed`, all within `eval.max_new_tokens` (else `max_new_tokens`), each set scored by `scorer`. With
@@ -89,7 +91,7 @@ def reply(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: EvalCo
     so every evaluation plays the same episodes. The training loop's held-out metrics (`evaluate`) and
     `lmrl eval`'s suite (`eval.suite.run_suite`) are both computed from what this returns.
 
-    `advance(phase, done, rows)`: at the start of each phase ("greedy", then "N samples") and after
+    `advance(phase, done, rows)`: at the start of each phase (GREEDY, then "N samples") and after
     each engine call, how many of its `rows` rows are done (a progress display)."""
     rows = rows[: cfg.num_prompts] if cfg.num_prompts else rows
     budget = cfg.max_new_tokens or max_new_tokens
@@ -111,7 +113,7 @@ def reply(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: EvalCo
         scorer.score(groups)
         return groups
 
-    replies.greedy = phase("greedy", 1, SamplingParams(max_new_tokens=budget, greedy=True),
+    replies.greedy = phase(GREEDY, 1, SamplingParams(max_new_tokens=budget, greedy=True),
                            torch.Generator().manual_seed(seed) if episodes else None)
     if cfg.samples > 1:
         replies.sampled = phase(f"{cfg.samples} samples", cfg.samples,
@@ -152,7 +154,7 @@ def evaluate(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: Eva
              max_new_tokens: int, accuracy_component: str, seed: int = 0,
              environment: EnvConfig | None = None, advance: Callable[[int, int], None] | None = None
              ) -> tuple[dict[str, float], list[Group]]:
-    """The training loop's held-out evaluation (`reply`, then these metrics) and its greedy groups.
+    """The training loop's held-out evaluation: `held_out_replies`, then its metrics, and the greedy groups.
 
     Greedy accuracy on `rows`; with `cfg.samples` > 1, pass@k and maj@n (the accuracy of each problem's
     majority answer: what label-free majority-vote training can at best teach); with an `environment`,
@@ -163,10 +165,10 @@ def evaluate(engine, tokenizer, rows: list[dict], scorer: RewardScorer, cfg: Eva
     phases = 2 if cfg.samples > 1 else 1
 
     def overall(phase: str, done: int, rows_in_phase: int) -> None:
-        advance(done + (0 if phase == "greedy" else rows_in_phase), phases * rows_in_phase)
+        advance(done + (0 if phase == GREEDY else rows_in_phase), phases * rows_in_phase)
 
-    replies = reply(engine, tokenizer, rows, scorer, cfg, max_new_tokens, seed, environment,
-                    overall if advance is not None else None)
+    replies = held_out_replies(engine, tokenizer, rows, scorer, cfg, max_new_tokens, seed, environment,
+                               overall if advance is not None else None)
     if not replies.rows:
         return {}, []
     return held_out_metrics(replies, cfg, accuracy_component), replies.greedy

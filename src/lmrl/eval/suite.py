@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from lmrl.config import Config, ConfigError, EnvConfig, EvalConfig, load_config
 from lmrl.eval.abstention import DETECTOR_KEYS, abstention_params
-from lmrl.eval.evaluator import correct_flags, episode_metrics, reply
+from lmrl.eval.evaluator import correct_flags, episode_metrics, held_out_replies
 from lmrl.eval.metrics import (abstention_metrics, distinct_n, expected_calibration_error, majority, pass_at_k,
                                risk_coverage)
 from lmrl.eval.suite_report import json_safe
@@ -138,8 +138,8 @@ def progress_bar(enabled: bool = True):
 def run_suite(engine, tokenizer, rows: list[dict], scorer, cfg: EvalConfig, max_new_tokens: int,
               accuracy_component: str, seed: int = 0, environment: EnvConfig | None = None, lam: float = 1.0,
               detector: dict | None = None, progress: bool = True) -> dict:
-    """The suite's JSON document of the evaluator's replies to `rows` (`evaluator.reply`: the training
-    loop's evaluation generates and scores the same replies)."""
+    """The suite's JSON document of the evaluator's replies to `rows` (`evaluator.held_out_replies`: the
+    training loop's evaluation generates and scores the same replies)."""
     with progress_bar(progress) as bar:
         tasks: dict[str, int] = {}
 
@@ -148,7 +148,8 @@ def run_suite(engine, tokenizer, rows: list[dict], scorer, cfg: EvalConfig, max_
                 tasks[phase] = bar.add_task(f"eval: {phase}", total=total)
             bar.update(tasks[phase], completed=done)
 
-        replies = reply(engine, tokenizer, rows, scorer, cfg, max_new_tokens, seed, environment, advance)
+        replies = held_out_replies(engine, tokenizer, rows, scorer, cfg, max_new_tokens, seed, environment,
+                                   advance)
     if not replies.rows:
         raise ValueError("no held-out prompts to evaluate (task.num_eval or eval.num_prompts is 0)")
     greedy = replies.greedy
@@ -209,11 +210,10 @@ def run_eval(cfg: Config, probe: str | None = None) -> dict:
     pieces = build_pieces(cfg)
     model, tokenizer = pieces.model, pieces.tokenizer
     params = abstention_params(cfg)
-    result = run_suite(pieces.engine, tokenizer, pieces.eval_rows, RewardScorer(cfg.reward), cfg.eval, cfg.rollout.max_new_tokens,
-                       cfg.reward.accuracy_component, seed=cfg.trainer.seed, environment=cfg.env,
-                       lam=float(params.get("lam", 1.0)), detector={k: v for k, v in params.items()
-                                                                     if k in DETECTOR_KEYS},
-                       progress=cfg.run.progress)
+    result = run_suite(pieces.engine, tokenizer, pieces.eval_rows, RewardScorer(cfg.reward), cfg.eval,
+                       cfg.rollout.max_new_tokens, cfg.reward.accuracy_component, seed=cfg.trainer.seed,
+                       environment=cfg.env, lam=float(params.get("lam", 1.0)),
+                       detector={k: v for k, v in params.items() if k in DETECTOR_KEYS}, progress=cfg.run.progress)
     result["model"] = str(cfg.model.path)
     if probe:
         from lmrl.eval.reward_seeking import load_probe, measure
