@@ -263,5 +263,5 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
 
 def _sample_row(group: Group, split: str) -> dict:
     x = group.samples[0]
-    return {"split": split, "prompt": group.row["question"], "completion": x.info["text"], "reward": x.reward,
+    return {"split": split, "prompt": group.row["question"], "completion": x.text, "reward": x.reward,
             "gold": str(group.row.get("answer")), "excluded": x.excluded}
