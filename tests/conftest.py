@@ -49,7 +49,7 @@ def write_toy_task(path: Path, n: int = 64) -> Path:
 
 def contains_seven(sample, **_):
     """Toy reward of the tiny-model training tests: 1 if the completion contains a '7'."""
-    return float("7" in sample.info["text"])
+    return float("7" in sample.text)
 
 
 TOY_REWARD_FILE = '''

@@ -5,6 +5,7 @@ where it came from (`Origin`); what the loop and the algorithm do with it follow
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -42,10 +43,49 @@ class Origin(Enum):
         return self in (Origin.SAMPLED, Origin.PEER, Origin.REPLAYED)
 
 
+class SampleInfo(MutableMapping):
+    """A sample's `info`: free entries (metrics, transcripts, reward details) plus the keys "text" and
+    "row", which read and write the sample's typed fields. Code written against `info["text"]` and
+    `info["row"]` (reward functions, environments of users) sees exactly `Sample.text` and `Sample.row`:
+    the fields are the one place these values live."""
+
+    FIELDS = ("text", "row")
+
+    def __init__(self, sample: "Sample", entries: dict[str, Any]):
+        self.sample, self.entries = sample, entries
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self.sample, key) if key in self.FIELDS else self.entries[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key in self.FIELDS:
+            setattr(self.sample, key, value)
+        else:
+            self.entries[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        if key in self.FIELDS:
+            raise TypeError(f"info[{key!r}] is the field Sample.{key}; it cannot be deleted")
+        del self.entries[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.FIELDS
+        yield from self.entries
+
+    def __len__(self) -> int:
+        return len(self.FIELDS) + len(self.entries)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
 @dataclass
 class Sample:
     """One trajectory: prompt ids followed by everything generated after them (for a multi-turn episode,
-    every turn: the policy's tokens and the environment's, told apart by `loss_mask`)."""
+    every turn: the policy's tokens and the environment's, told apart by `loss_mask`).
+
+    `text` is the decoded completion (an episode's last reply), `row` the task row it answers; `info`
+    holds everything else, and reads these two under "text" and "row" too (`SampleInfo`)."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -55,11 +95,34 @@ class Sample:
     rewards: dict[str, float | None] = field(default_factory=dict)
     reward: float | None = None
     excluded: str | None = None  # why this sample is left out of the update (reward error, NaN, …)
-    info: dict[str, Any] = field(default_factory=dict)
+    info: MutableMapping[str, Any] = field(default_factory=dict)
     origin: Origin = Origin.SAMPLED
     # per completion token: 1 = the policy generated it (trained), 0 = an environment's token (context
     # only, behaviour log-prob 0.0); None = every completion token is the policy's (single-turn)
     loss_mask: list[int] | None = None
+    text: str = ""
+    row: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Wrap `info` as this sample's SampleInfo; a copy (`dataclasses.replace`) shares the entries."""
+        entries = self.info.entries if isinstance(self.info, SampleInfo) else self.info
+        clash = next((k for k in SampleInfo.FIELDS if k in entries), None)
+        if clash is not None:
+            raise ValueError(f"Sample.info[{clash!r}] is the field Sample.{clash}: pass {clash}=... instead")
+        self.info = SampleInfo(self, entries)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickling (a checkpoint's queued batches): a sample pickled before `text` and `row` were fields
+        kept them in its `info` dict; they move to the fields."""
+        info = state.get("info", {})
+        entries = dict(info.entries if isinstance(info, SampleInfo) else info)
+        for key in SampleInfo.FIELDS:
+            if key in entries and key not in state:
+                state[key] = entries.pop(key)
+        state.setdefault("text", "")
+        state.setdefault("row", {})
+        self.__dict__.update({**state, "info": {}})
+        self.info = SampleInfo(self, entries)
 
     @property
     def in_advantage(self) -> bool:

@@ -18,7 +18,7 @@ DIGITS = [3 + 26, 3 + 26 + 10]  # token ids of '0'..'9' in the test tokenizer (s
 
 if "has_digit" not in REWARD_FNS:
     REWARD_FNS.register("has_digit", "toy reward for tests")(
-        lambda sample, **_: float(any(c.isdigit() for c in sample.info["text"])))
+        lambda sample, **_: float(any(c.isdigit() for c in sample.text)))
 
 
 def write_task(path, n=48):

@@ -30,7 +30,7 @@ def hangs_on_nine(sample, **_):
 def groups():
     texts = ["a 7", "no", "9 hangs", "77"]
     return [Group(uid="g", row={"question": "q"},
-                  samples=[Sample([1], [2], [0.0], info={"text": t}) for t in texts])]
+                  samples=[Sample([1], [2], [0.0], text=t) for t in texts])]
 
 
 def scorer(tmp_path, workers, name):

@@ -93,10 +93,10 @@ def test_on_a_pipe_each_step_and_evaluation_is_a_plain_line_on_stderr(tmp_path, 
 def test_reward_time_is_logged_apart_from_rollout_time(tmp_path, monkeypatch, staleness):
     def slow_seven(sample, **_):
         time.sleep(0.03)
-        return float("7" in sample.info["text"])
+        return float("7" in sample.text)
 
     timings = {}
-    for name, fn in [("fast", lambda sample, **_: float("7" in sample.info["text"])), ("slow", slow_seven)]:
+    for name, fn in [("fast", lambda sample, **_: float("7" in sample.text)), ("slow", slow_seven)]:
         monkeypatch.setitem(REWARD_FNS._items, name, fn)
         cfg = toy_run_config(tmp_path / name, 1, reward={"components": [{"name": name}], "accuracy_component": name},
                              rollout={"max_staleness": staleness})
@@ -109,10 +109,10 @@ def test_reward_time_is_logged_apart_from_rollout_time(tmp_path, monkeypatch, st
 
 def test_held_out_accuracy_is_the_accuracy_component_alone(tmp_path, monkeypatch, capsys):
     def even(sample, **_):
-        return float(len(sample.info["text"]) % 2 == 0)
+        return float(len(sample.text) % 2 == 0)
 
     def even_or_raise(sample, **_):
-        if len(sample.info["text"]) % 2:
+        if len(sample.text) % 2:
             raise ValueError("odd reply")
         return 1.0
 
@@ -129,7 +129,7 @@ def test_held_out_accuracy_is_the_accuracy_component_alone(tmp_path, monkeypatch
 
     working, groups = held_out("bonus", "even")
     failing, _ = held_out("nan_bonus", "even")
-    texts = [g.samples[0].info["text"] for g in groups]
+    texts = [g.samples[0].text for g in groups]
     evens = sum(len(t) % 2 == 0 for t in texts)
     assert 0 < evens < len(texts)  # the test can tell right from wrong
     assert working["eval/accuracy"] == failing["eval/accuracy"] == evens / len(texts)

@@ -123,7 +123,7 @@ def test_judge_rewards_end_to_end_through_the_server(server):
     so the implicit rubric's samples are excluded and counted instead of crashing the run."""
     judge = {"base_url": url(server, "/v1"), "model": "tiny", "max_tokens": 16, "retries": 0}
     samples = [Sample(prompt_ids=[1], completion_ids=[2, 3], behaviour_logprobs=[0.0, 0.0],
-                      info={"text": t, "row": {"question": "say 7", "answer": "7"}}) for t in ("7", "it is 7")]
+                      text=t, row={"question": "say 7", "answer": "7"}) for t in ("7", "it is 7")]
     cfg = RewardConfig(components=[RewardComponent(name="judge_flip", params={"judge": judge}, timeout_s=60)],
                        accuracy_component="judge_flip")
     metrics = RewardScorer(cfg).score([Group(uid="g", row={}, samples=samples)])
@@ -134,6 +134,6 @@ def test_judge_rewards_end_to_end_through_the_server(server):
                                                            "low": 100, "high": 200})],
                        accuracy_component="judge_rubric_implicit")
     groups = [Group(uid="g", row={}, samples=[Sample(prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[0.0],
-                                                     info={"text": "7", "row": {"question": "say 7"}})])]
+                                                     text="7", row={"question": "say 7"})])]
     metrics = RewardScorer(cfg).score(groups)
     assert metrics["excluded"] == 1.0 and "no score in [100, 200]" in groups[0].samples[0].excluded

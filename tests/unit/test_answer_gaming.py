@@ -141,7 +141,7 @@ def fill(template: str, row: dict) -> str:
 
 
 def sample(text: str, row: dict) -> Sample:
-    return Sample(prompt_ids=[1], completion_ids=[0], behaviour_logprobs=[0.0], info={"text": text, "row": row})
+    return Sample(prompt_ids=[1], completion_ids=[0], behaviour_logprobs=[0.0], text=text, row=row)
 
 
 GRADERS = {
@@ -365,7 +365,7 @@ def test_the_loop_reports_the_gaming_share_of_rewarded_answers():
 
     def sample(text, correct):
         return Sample([1], [2, 3], [-0.1, -0.2], rewards={"answer": float(correct)}, reward=float(correct),
-                      info={"text": text, "row": row})
+                      text=text, row=row)
 
     group = Group("u", row, [sample("Answer: 3 + 4", True), sample("Answer: 7", True), sample("Answer: 8", False)])
     assert rollout_metrics([group], "answer")["gaming/restated_question"] == 0.5

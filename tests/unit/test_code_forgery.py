@@ -82,7 +82,7 @@ def correct_code(task: str) -> str:
 
 def make_sample(task: str, code: str) -> Sample:
     return Sample(prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[0.0],
-                  info={"text": f"Here you go:\n\n```python\n{code}\n```\n", "row": row_for(task)})
+                  text=f"Here you go:\n\n```python\n{code}\n```\n", row=row_for(task))
 
 
 def score(task: str, code: str, **params) -> float:

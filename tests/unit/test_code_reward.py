@@ -17,7 +17,7 @@ def sample(task_id: str, text: str) -> Sample:
     p = PROBLEMS[task_id]
     row = {"uid": task_id, "question": p["prompt"], "answer": p["canonical_solution"], "prompt": p["prompt"],
            "test": p["test"], "entry_point": p["entry_point"], "task_id": task_id}
-    return Sample(prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[0.0], info={"text": text, "row": row})
+    return Sample(prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[0.0], text=text, row=row)
 
 
 def score(task_id: str, text: str, **params) -> float:
@@ -112,12 +112,12 @@ def test_scorer_gives_zero_not_exclusion_for_a_hang():
                        accuracy_component="code_tests")
     hang = sample("HumanEval/53", fenced("def add(x, y):\n    while True:\n        pass"))
     good = sample("HumanEval/53", PROBLEMS["HumanEval/53"]["canonical_solution"])
-    RewardScorer(cfg).score([Group(uid="g", row=hang.info["row"], samples=[hang, good])])
+    RewardScorer(cfg).score([Group(uid="g", row=hang.row, samples=[hang, good])])
     assert hang.excluded is None and hang.reward == 0.0 and good.reward == 1.0
 
 
 def test_rows_without_tests_are_rejected():
-    s = Sample(prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[0.0], info={"text": "x", "row": {"answer": "1"}})
+    s = Sample(prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[0.0], text="x", row={"answer": "1"})
     with pytest.raises(ValueError, match="entry_point"):
         REWARD_FNS.get("code_tests")(s)
 
@@ -137,7 +137,7 @@ def test_humaneval_task_split_is_deterministic_and_disjoint():
 
 def inline(test: str, code: str, prompt: str = "", entry_point: str = "f", **params) -> float:
     row = {"uid": "inline", "prompt": prompt, "test": test, "entry_point": entry_point}
-    s = Sample(prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[0.0], info={"text": fenced(code), "row": row})
+    s = Sample(prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[0.0], text=fenced(code), row=row)
     return REWARD_FNS.get("code_tests")(s, **params)
 
 

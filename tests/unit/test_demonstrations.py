@@ -17,7 +17,7 @@ from lmrl.types import Group, Origin, Sample
 
 def group(uid: str, texts: list[str], answer: str = "7") -> Group:
     row = {"uid": uid, "question": "q", "answer": answer, "prompt_ids": [1, 2]}
-    samples = [Sample([1, 2], [3], [-1.0], info={"text": t, "row": row}) for t in texts]
+    samples = [Sample([1, 2], [3], [-1.0], text=t, row=row) for t in texts]
     return Group(uid=uid, row=row, samples=samples)
 
 
@@ -47,7 +47,7 @@ def test_group_mode_adds_the_scored_demonstration_to_every_group():
     assert [len(g.samples) for g in out] == [3, 3] and metrics == {"data/demonstrations": 2.0}
     assert [x.origin for x in out[0].samples] == [Origin.SAMPLED, Origin.SAMPLED, Origin.DEMONSTRATION]
     demo = out[0].samples[-1]
-    assert demo.in_advantage and demo.reward == 1.0 and demo.info["text"] == "Answer: 7"
+    assert demo.in_advantage and demo.reward == 1.0 and demo.text == "Answer: 7"
     assert demo.completion_ids[-1] == tok.eos_token_id
     assert demo.completion_ids[:-1] == tok("Answer: 7", add_special_tokens=False)["input_ids"]
     assert demo.prompt_ids == [1, 2]

@@ -14,12 +14,12 @@ from lmrl.types import Group, Sample
 
 def sample(text: str) -> Sample:
     return Sample(prompt_ids=[1], completion_ids=[0], behaviour_logprobs=[0.0], finish_reason="stop",
-                  info={"text": text, "row": {"answer": "7"}})
+                  text=text, row={"answer": "7"})
 
 
 def exact(sample, **_):
     """Accuracy: 1 for '7', 0 for another digit; raises on a reply that is not a digit."""
-    return float(int(sample.info["text"]) == 7)
+    return float(int(sample.text) == 7)
 
 
 @pytest.fixture

@@ -164,7 +164,7 @@ def test_majority_correct_takes_each_problems_most_frequent_answer():
     from lmrl.types import Group, Sample
 
     def problem(*texts):
-        return Group("u", {"answer": "5"}, [Sample([1], [2], [0.0], info={"text": t}) for t in texts])
+        return Group("u", {"answer": "5"}, [Sample([1], [2], [0.0], text=t) for t in texts])
 
     groups = [problem("Answer: 5", "Answer: 3", "so it is 5"),  # 5 wins 2-1 (a bare last number votes)
               problem("Answer: 3", "Answer: 3", "Answer: 5"),   # 3 wins: wrong although one sample is right

@@ -45,7 +45,7 @@ def test_pass_avg_and_maj_at_k_on_a_small_table():
 
 def _sample(text: str, correct: bool, row: dict, logprob: float = math.log(0.5)) -> Sample:
     return Sample(prompt_ids=[1], completion_ids=[5, 6, 7], behaviour_logprobs=[logprob] * 3,
-                  rewards={"acc": float(correct)}, info={"text": text, "row": row})
+                  rewards={"acc": float(correct)}, text=text, row=row)
 
 
 def test_prompt_record_distinct_n_confidence_and_entropy():

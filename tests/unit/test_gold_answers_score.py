@@ -59,7 +59,7 @@ def generated_rows(dataset: str, params: dict) -> list[dict]:
 
 
 def sample(text: str, row: dict) -> Sample:
-    return Sample(prompt_ids=[1], completion_ids=[0], behaviour_logprobs=[0.0], info={"text": text, "row": row})
+    return Sample(prompt_ids=[1], completion_ids=[0], behaviour_logprobs=[0.0], text=text, row=row)
 
 
 ANSWER = ("answer", "answer+fallback", "reasoning_gym")

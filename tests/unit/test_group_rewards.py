@@ -24,7 +24,7 @@ novelty = GROUP_REWARD_FNS.get("novelty")
 
 def make(text: str, gold: str | None = "7", prompt=(1, 2), logprobs=(-0.5,), completion_len: int = 5) -> Sample:
     row = {"question": "q"} if gold is None else {"question": "q", "answer": gold}
-    return Sample(list(prompt), [3] * completion_len, list(logprobs), info={"text": text, "row": row})
+    return Sample(list(prompt), [3] * completion_len, list(logprobs), text=text, row=row)
 
 
 def group_of(*answers: str, **kw) -> list[Sample]:
@@ -89,7 +89,7 @@ def test_bad_knobs_fail_clearly():
 def test_majority_vote_with_a_weight_zero_gold_component_in_the_scorer():
     cfg = RewardConfig(components=[{"name": "majority_vote"}, {"name": "answer", "weight": 0.0}])
     samples = group_of("5", "5", "7", "6", gold="7")
-    RewardScorer(cfg).score([Group("g", samples[0].info["row"], samples)])
+    RewardScorer(cfg).score([Group("g", samples[0].row, samples)])
     assert [s.reward for s in samples] == [1.0, 1.0, 0.0, 0.0]  # the gold-correct "7" earns nothing
     assert [s.rewards["answer"] for s in samples] == [0.0, 0.0, 1.0, 0.0]  # but accuracy is logged
 
@@ -278,7 +278,7 @@ def test_novelty_against_the_row_history():
                make("You could rest. You could walk.", completion_len=10),
                make("You could rest. That makes sense.", completion_len=400)]
     for s in samples:
-        s.info["row"].update(hist)
+        s.row.update(hist)
     # entropy: [0, 0, ln 2] → normalised [0, 0, 1]
     kl = [tactic_kl(c, {"validation": 2}, list(TACTICS)) for c in ({"validation": 2}, {"advice": 2},
                                                                    {"advice": 1, "validation": 1})]
@@ -315,7 +315,7 @@ def test_novelty_group_history_quality_and_label_leak():
 def test_meds_is_built_once_per_scorer_and_remembers_across_calls():
     scorer = RewardScorer(RewardConfig(components=[{"name": "meds", "params": {"coef": 0.5}}]))
     first, second = group_of("7", "5", "5", "6", "6"), group_of("5")
-    scorer.score([Group("g", first[0].info["row"], first)])
-    scorer.score([Group("g", second[0].info["row"], second)])
+    scorer.score([Group("g", first[0].row, first)])
+    scorer.score([Group("g", second[0].row, second)])
     assert [s.reward for s in first] == [1.0, -1.0, -1.0, -1.0, -1.0]
     assert second[0].reward == pytest.approx(-1 - 0.5 * math.log(3))

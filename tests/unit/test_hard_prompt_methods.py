@@ -16,7 +16,7 @@ from lmrl.validation import check_row_fields
 
 if "graded_text" not in REWARD_FNS:
     REWARD_FNS.register("graded_text", "test reward: the completion text read as a number")(
-        lambda sample, **_: float(sample.info["text"]))
+        lambda sample, **_: float(sample.text))
 
 
 def row(uid: str, question: str = "q", **fields) -> dict:
@@ -24,7 +24,7 @@ def row(uid: str, question: str = "q", **fields) -> dict:
 
 
 def group(r: dict, texts: list[str]) -> Group:
-    return Group(uid=r["uid"], row=r, samples=[Sample([1, 2], [3], [-1.0], info={"text": t, "row": r}) for t in texts])
+    return Group(uid=r["uid"], row=r, samples=[Sample([1, 2], [3], [-1.0], text=t, row=r) for t in texts])
 
 
 class FakeEngine:
@@ -40,7 +40,7 @@ class FakeEngine:
         for r in rows:
             ids = [self.tok(t, add_special_tokens=False)["input_ids"] for t in self.texts[:n]]
             out.append(Group(uid=r["uid"], row=r, samples=[
-                Sample(list(r["prompt_ids"]), i, [-0.5] * len(i), info={"text": t, "row": r})
+                Sample(list(r["prompt_ids"]), i, [-0.5] * len(i), text=t, row=r)
                 for t, i in zip(self.texts[:n], ids)]))
         return out
 
@@ -116,7 +116,7 @@ def test_guided_replay_replaces_the_worst_members_of_a_failed_group():
     assert [i for i, o in enumerate(origins) if o is Origin.GUIDED] == [0, 3]  # the excluded one, then the first 0
     guided = [out[0].samples[3], out[0].samples[0]]
     assert [x.reward for x in guided] == [1.0, 0.0]
-    assert all(x.prompt_ids == [1, 2] and x.info["row"] is failed.row and x.behaviour_logprobs == [0.0] * 9
+    assert all(x.prompt_ids == [1, 2] and x.row is failed.row and x.behaviour_logprobs == [0.0] * 9
                for x in guided)
     assert guided[0].info["guided_prompt"] == rows[0]["question"]
     assert metrics == {"guided/groups": 1.0, "guided/replaced": 2.0, "guided/reward": 0.5}
@@ -158,7 +158,7 @@ def test_privileged_trajectories_are_kept_only_above_the_natural_mean():
     assert out[0] is groups[0] and len(out) == 2
     kept = out[1].samples
     assert [x.reward for x in kept] == [0.7] and kept[0].origin is Origin.PRIVILEGED
-    assert kept[0].prompt_ids == [1, 2] and kept[0].info["row"] is r
+    assert kept[0].prompt_ids == [1, 2] and kept[0].row is r
     assert metrics == {"privileged/active": 1.0, "privileged/prompts": 1.0, "privileged/sampled": 2.0,
                        "privileged/kept": 1.0}
 

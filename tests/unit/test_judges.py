@@ -28,7 +28,7 @@ class ScriptedJudge:
 
 def sample(text, question="Explain tides.", n_tokens=4, **row):
     return Sample(prompt_ids=[1], completion_ids=[0] * n_tokens, behaviour_logprobs=[0.0] * n_tokens,
-                  info={"text": text, "row": {"question": question, "answer": "", **row}})
+                  text=text, row={"question": question, "answer": "", **row})
 
 
 SPEC_CRITERIA = [{"criterion": "mentions c5", "weight": 5}, {"criterion": "mentions c3", "weight": 3},

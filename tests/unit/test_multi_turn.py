@@ -91,7 +91,7 @@ def test_one_engine_call_per_turn_round_with_every_live_episode(tok):
         for x in g.samples:
             assert x.info["turn_rewards"] == [float(j + 1) for j in range(turns)]
             assert x.num_generated == 3 * turns and x.finish_reason == "stop" and x.excluded is None
-            assert x.info["text"] == "ab"
+            assert x.text == "ab"
 
 
 def test_token_in_token_out_across_turns(tok):

@@ -69,7 +69,7 @@ def test_regen_config_takes_its_aggregation_and_knobs():
 
 def sample(text: str, row: dict, reward: float = 1.0, prompt=(1, 2)) -> Sample:
     return Sample(list(prompt), [5, 6], [-0.5, -0.25], policy_version=[3, 3], rewards={"r": reward}, reward=reward,
-                  info={"text": text, "row": row})
+                  text=text, row=row)
 
 
 def test_rollout_records_replay_the_scored_samples_with_their_logprobs():
@@ -85,7 +85,7 @@ def test_rollout_records_replay_the_scored_samples_with_their_logprobs():
     assert record["rollouts"][1]["prompt_ids"] == [9]
     (out,), metrics = SAMPLE_SOURCES.get("replay")(build_config({"data": {"demonstrations": "replay"}}), None, None)(
         [Group(record["uid"], record, [sample("fresh", record, 0.0)])])
-    assert [x.info["text"] for x in out.samples] == ["7", "z"]
+    assert [x.text for x in out.samples] == ["7", "z"]
     assert all(x.origin is Origin.REPLAYED for x in out.samples)
     assert Origin.REPLAYED.brings_logprobs and Origin.REPLAYED.in_advantage and not Origin.REPLAYED.sampled
     first = out.samples[0]
@@ -121,7 +121,7 @@ def test_replay_source_checks_its_knobs():
 
 def votes(answers: list[str], gold: str = "7") -> list[Sample]:
     row = {"answer": gold}
-    return [Sample([1], [2], [-0.1], info={"text": f"Answer: {a}", "row": row}) for a in answers]
+    return [Sample([1], [2], [-0.1], text=f"Answer: {a}", row=row) for a in answers]
 
 
 def test_coact_spec_cases():
@@ -165,13 +165,13 @@ def test_seif_spec_cases():
     cls = REWARD_FNS.get("seif_instructor")
     evaluator = Evaluator("The Nile, a long river in Africa.")  # meets only include_keywords: 1 of 4
     instructor = cls(evaluator=evaluator)
-    assert instructor(Sample([1], [2], [0.0], info={"text": instructor_text()})) == 0.75
+    assert instructor(Sample([1], [2], [0.0], text=instructor_text())) == 0.75
     assert evaluator.asked == ["Describe a river."]
     row = {"constraints": FOUR}
     follower = REWARD_FNS.get("seif_follower")
     reply = "<think>ok</think><answer>a slow river, wide</answer>"  # all but no_commas: 3 of 4
-    assert follower(Sample([1], [2], [0.0], info={"text": reply, "row": row})) == 0.75
-    assert follower(Sample([1], [2], [0.0], info={"text": "a slow river", "row": row})) == 0.0  # no format
+    assert follower(Sample([1], [2], [0.0], text=reply, row=row)) == 0.75
+    assert follower(Sample([1], [2], [0.0], text="a slow river", row=row)) == 0.0  # no format
 
 
 def test_seif_instructor_gets_nothing_for_invalid_instructions():
@@ -179,8 +179,8 @@ def test_seif_instructor_gets_nothing_for_invalid_instructions():
     bad = [instructor_text().replace("include_keywords", "rhyme"), "no json here",
            instructor_text(FOUR + [{"type": "exclude_keywords", "keywords": ["River"]}])]
     for text in bad:
-        assert instructor(Sample([1], [2], [0.0], info={"text": text})) == 0.0
-    assert instructor(Sample([1], [2], [0.0], info={"text": instructor_text()})) == 0.0  # empty answer
+        assert instructor(Sample([1], [2], [0.0], text=text)) == 0.0
+    assert instructor(Sample([1], [2], [0.0], text=instructor_text())) == 0.0  # empty answer
     assert conflicts([{"type": "min_words", "value": 9}, {"type": "max_words", "value": 5}])
     assert not conflicts(FOUR)
 

@@ -101,7 +101,7 @@ def test_gated_hierarchy_and_options():
 
 
 def _group(texts, answer="7"):
-    return Group("g", {}, [Sample([1], [0] * n, [0.0] * n, info={"text": t, "row": {"answer": answer}})
+    return Group("g", {}, [Sample([1], [0] * n, [0.0] * n, text=t, row={"answer": answer})
                            for n, t in zip((4, 8, 12, 16), texts)])
 
 

@@ -20,7 +20,7 @@ def target_field(sample, **_):
 
 def sample(text: str, row: dict) -> Sample:
     return Sample(prompt_ids=[1], completion_ids=[0, 0], behaviour_logprobs=[0.0, 0.0], finish_reason="stop",
-                  info={"text": text, "row": row})
+                  text=text, row=row)
 
 
 def four_samples() -> list[Group]:

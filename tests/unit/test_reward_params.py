@@ -54,7 +54,7 @@ def test_a_built_in_reward_takes_no_unknown_knob_at_config_time_nor_when_called(
                                           r"function 'answer'; did you mean 'fallback'\?"):
         build_config(components({"name": "answer", "params": {"fallbak": "last_number"}}))
     sample = Sample(prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[0.0],
-                    info={"text": "Answer: 3", "row": {"answer": "3"}})
+                    text="Answer: 3", row={"answer": "3"})
     assert REWARD_FNS.get("answer")(sample, fallback="last_number") == 1.0
     for name in ("answer", "format", "length", "truncated", "reasoning_gym"):
         with pytest.raises(TypeError, match="fallbak"):

@@ -11,7 +11,7 @@ from lmrl.types import Group, Sample
 
 def sample(text, answer="42", n_tokens=5, finish="stop"):
     return Sample(prompt_ids=[1], completion_ids=[0] * n_tokens, behaviour_logprobs=[0.0] * n_tokens,
-                  finish_reason=finish, info={"text": text, "row": {"answer": answer}})
+                  finish_reason=finish, text=text, row={"answer": answer})
 
 
 @pytest.mark.parametrize("text,expected", [

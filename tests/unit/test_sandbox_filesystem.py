@@ -400,7 +400,7 @@ def _score(task_id: str, completion: str, partial: bool) -> float:
     p = PROBLEMS[task_id]
     row = {"uid": task_id, "prompt": p["prompt"], "test": p["test"], "entry_point": p["entry_point"]}
     sample = Sample(prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[0.0],
-                    info={"text": completion, "row": row})
+                    text=completion, row=row)
     return REWARD_FNS.get("code_tests")(sample, partial_credit=partial)
 
 
@@ -473,7 +473,7 @@ def _group_scores(tag: str, **sandbox) -> list[float]:
 def test_a_group_cannot_pass_guesses_to_its_later_samples():
     tag = f"lmrl-guesses-{uuid.uuid4().hex}"
     sample = Sample(prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[0.0],
-                    info={"text": f"```python\n{GUESS_LEARNER.format(tag=tag)}\n```", "row": GUESS_ROW})
+                    text=f"```python\n{GUESS_LEARNER.format(tag=tag)}\n```", row=GUESS_ROW)
     rewarded = [REWARD_FNS.get("code_tests")(sample, partial_credit=False) for _ in range(8)]
     assert rewarded == [0.0] * 8  # the real reward, audit hook on: no sample does better than the first
     assert _group_scores(tag, audit=False) == [0] * 8  # the namespace alone: the logs die with each sample

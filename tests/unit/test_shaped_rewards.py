@@ -38,7 +38,7 @@ from lmrl.types import Group, Sample
 def sample(text, answer="42", row=None, ids=None, logprobs=None):
     ids = ids if ids is not None else [0] * 3
     return Sample(prompt_ids=[1], completion_ids=ids, behaviour_logprobs=logprobs or [0.0] * len(ids),
-                  info={"text": text, "row": {"answer": answer, **(row or {})}})
+                  text=text, row={"answer": answer, **(row or {})})
 
 
 # §1.1 Reinforced Hesitation ----------------------------------------------------------------
@@ -124,7 +124,7 @@ def test_batched_self_cascade_counts_queries():
     finals, queries = batched_self_cascade(groups, draw, max_attempts=3)
     assert draws == [[1, 2], [2]]
     assert queries == [1, 2, 3]
-    assert [f.info["text"] for f in finals] == ["Answer: 42", "Answer: 42", "I don't know"]
+    assert [f.text for f in finals] == ["Answer: 42", "Answer: 42", "I don't know"]
 
 
 def test_cascade_metrics_over_saved_replies():
@@ -168,7 +168,7 @@ def test_answer_confidence_margin_uses_the_frozen_model(tokenizer, tiny_model, t
     conf = AnswerSpanConfidence(tokenizer=str(tmp_path), measure="margin", model=str(tmp_path))
     prompt = tokenizer("q", add_special_tokens=False)["input_ids"]
     ids = tokenizer("answer: 7", add_special_tokens=False)["input_ids"]
-    s = Sample(prompt_ids=prompt, completion_ids=ids, behaviour_logprobs=[0.0] * len(ids), info={"text": "answer: 7"})
+    s = Sample(prompt_ids=prompt, completion_ids=ids, behaviour_logprobs=[0.0] * len(ids), text="answer: 7")
     with torch.no_grad():
         probs = torch.softmax(tiny_model(input_ids=torch.tensor([prompt + ids])).logits[0, -2], -1)
     top = probs.topk(2).values
@@ -190,7 +190,7 @@ def test_tcer_class_matches_a_manual_forward(tokenizer, tiny_model, tmp_path):
     tokenizer.save_pretrained(tmp_path)
     tcer = TrivialityCorrectedReward(reference=str(tmp_path), kappa=2.0)
     prompt, ids = [3, 4, 5], [6, 7]
-    s = Sample(prompt_ids=prompt, completion_ids=ids, behaviour_logprobs=[-0.5, -1.5], info={"text": ""})
+    s = Sample(prompt_ids=prompt, completion_ids=ids, behaviour_logprobs=[-0.5, -1.5], text="")
     with torch.no_grad():
         logp = torch.log_softmax(tiny_model(input_ids=torch.tensor([prompt + ids])).logits[0], -1)
     ref = [float(logp[2, 6]), float(logp[3, 7])]
@@ -304,7 +304,7 @@ def test_class_components_build_once_through_the_scorer(tokenizer, tmp_path):
                                    RewardComponent(name="tcer", weight=0.0, params={"reference": str(tmp_path)})],
                        accuracy_component="abstention")
     scorer = RewardScorer(cfg)
-    group = Group("g", {}, [Sample([3], [6, 7], [-0.5, -0.5], info={"text": t, "row": {"answer": "7"}})
+    group = Group("g", {}, [Sample([3], [6, 7], [-0.5, -0.5], text=t, row={"answer": "7"})
                             for t in ("Answer: 7", "I don't know", "Answer: 8")])
     scorer.score([group])
     assert [s.reward for s in group.samples] == [1.0, 0.0, -1.0]

@@ -83,7 +83,7 @@ def test_rows_keep_the_dataset_field_names_and_the_gold_is_also_under_answer(tmp
     assert row["target"] == int(row["answer"]) and isinstance(row["target"], int)  # the original, as it was
     assert row["problem"] == row["question"] and row["topic"] == "x"
     kept, _ = encode_rows(make_tokenizer(), data.train, None, max_prompt_tokens=64)
-    assert kept[0]["target"] == row["target"]  # what a reward reads as sample.info["row"]
+    assert kept[0]["target"] == row["target"]  # what a reward reads as sample.row
 
 
 def test_a_null_gold_answer_is_refused_with_its_line(tmp_path):

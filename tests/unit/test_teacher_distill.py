@@ -50,8 +50,8 @@ def episode(tok, question, replies, answer_reward):
             messages += obs
     sample = Sample(encode_opening(tok, opening), ids, [-1.0 if m else 0.0 for m in mask], loss_mask=mask,
                     rewards={"answer": answer_reward, "env": 0.0}, reward=answer_reward,
-                    info={"messages": messages, "turns": len(replies), "turn_lengths": [t[1] for t in turns],
-                          "text": replies[-1]})
+                    text=replies[-1],
+                    info={"messages": messages, "turns": len(replies), "turn_lengths": [t[1] for t in turns]})
     return sample, turns
 
 
@@ -94,7 +94,7 @@ def test_teacher_logprobs_equal_a_direct_forward_of_the_teacher_prompt_and_compl
     multi, _ = episode(tok, "what is 21 times 3?", [CALL, "answer: 60"], 0.0)
     single = Sample(encode_opening(tok, [{"role": "user", "content": "say 7"}]),
                     tok("8", add_special_tokens=False)["input_ids"] + [tok.eos_token_id], [-1.0, -1.0],
-                    rewards={"answer": 0.0}, reward=0.0, info={"text": "8"})
+                    rewards={"answer": 0.0}, reward=0.0, text="8")
     samples = [multi, single]
     rows = [{"question": "what is 21 times 3?", "answer": "63"}, {"question": "say 7", "answer": "7"}]
     batch = collate(samples, [0, 1], pad_id=0)
@@ -174,8 +174,8 @@ def test_distilled_rows_are_never_skipped_as_inert():
 
 
 def test_single_turn_tool_calls_selects_the_whole_completion_only_with_a_call():
-    with_call = Sample([1], [5, 6, 7], [0.0] * 3, info={"text": "x " + CALL})
-    without = Sample([1], [5, 6], [0.0] * 2, info={"text": "answer: 7"})
+    with_call = Sample([1], [5, 6, 7], [0.0] * 3, text="x " + CALL)
+    without = Sample([1], [5, 6], [0.0] * 2, text="answer: 7")
     assert distill_mask(with_call, "tool_calls") == [1, 1, 1] and distill_mask(without, "tool_calls") == [0, 0]
 
 
@@ -199,7 +199,7 @@ def test_a_failed_judge_call_leaves_its_sample_without_a_teacher():
                 raise JudgeError("endpoint down")
             return super().chat(messages, **kw)
 
-    samples = [Sample([1], [5], [0.0], rewards={"answer": 0.0}, info={"text": "x"}) for _ in range(2)]
+    samples = [Sample([1], [5], [0.0], rewards={"answer": 0.0}, text="x") for _ in range(2)]
     context = HindsightCritique(judge=Flaky(), concurrency=1)
     assert context(samples, [{"question": "q", "answer": "7"}] * 2, [False, False]) == [
         None, "Hindsight: you should have multiplied first"]

@@ -75,7 +75,7 @@ def policy_turns(sample: Sample) -> list[tuple[int, int, str]]:
     """(start, length, reply) of each trained policy turn: the runs of `loss_mask` == 1, matched in order
     with the episode's replies (`info["messages"]`) that kept tokens in the loss."""
     if sample.loss_mask is None:
-        return [(0, len(sample.completion_ids), sample.info.get("text", ""))]
+        return [(0, len(sample.completion_ids), sample.text)]
     info = sample.info
     replies = [m["content"] for m in info.get("messages", []) if m["role"] == "assistant"]
     replies = replies[len(replies) - info.get("turns", len(replies)):]
@@ -114,7 +114,7 @@ def trajectory_text(sample: Sample) -> str:
     (a single-turn sample: its completion text)."""
     messages = sample.info.get("messages")
     if not messages:
-        return sample.info.get("text", "")
+        return sample.text
     return "\n".join(f"[{m['role']}] {m['content']}" for m in messages[opening_end(sample):])
 
 

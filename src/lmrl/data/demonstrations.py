@@ -84,7 +84,7 @@ def demonstration_sample(tokenizer, row: dict, template: str, eos_id: int | None
     text = template.format(**row)
     ids = completion_ids(tokenizer, text, eos_id)
     return Sample(prompt_ids=list(row["prompt_ids"]), completion_ids=ids, behaviour_logprobs=[0.0] * len(ids),
-                  info={"text": text, "row": row}, origin=origin)
+                  text=text, row=row, origin=origin)
 
 
 def peer_samples(tokenizer, row: dict, field: str, eos_id: int | None) -> list[Sample]:
@@ -97,7 +97,7 @@ def peer_samples(tokenizer, row: dict, field: str, eos_id: int | None) -> list[S
         ids = completion_ids(tokenizer, peer["text"], eos_id)
         per_token = float(peer["logprob"]) / len(ids)
         out.append(Sample(prompt_ids=list(row["prompt_ids"]), completion_ids=ids,
-                          behaviour_logprobs=[per_token] * len(ids), info={"text": peer["text"], "row": row},
+                          behaviour_logprobs=[per_token] * len(ids), text=peer["text"], row=row,
                           origin=Origin.PEER))
     return out
 

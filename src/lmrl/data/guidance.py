@@ -62,8 +62,8 @@ def replayed(sample: Sample, row: dict, prompt_ids: list[int], origin: Origin) -
     environment tokens out of the loss), the policy's log-probs filled later."""
     return Sample(prompt_ids=list(prompt_ids), completion_ids=list(sample.completion_ids),
                   behaviour_logprobs=[0.0] * len(sample.completion_ids), finish_reason=sample.finish_reason,
-                  policy_version=list(sample.policy_version),
-                  info={**sample.info, "row": row, "guided_prompt": sample.info["row"]["question"]}, origin=origin,
+                  policy_version=list(sample.policy_version), text=sample.text, row=row,
+                  info={**sample.info.entries, "guided_prompt": sample.row["question"]}, origin=origin,
                   loss_mask=None if sample.loss_mask is None else list(sample.loss_mask))
 
 

@@ -44,7 +44,7 @@ def peer_rows(recipe: str, overrides: list[str], model: str, samples: int, rows:
             for group in rollout(engine, tokenizer, train[start: start + chunk], samples, sampling_params(cfg),
                                  generator):
                 row = {k: v for k, v in group.row.items() if k not in FIELDS_LEFT_OUT}
-                row["peer_rollouts"] = [{"text": x.info["text"], "logprob": float(sum(x.behaviour_logprobs))}
+                row["peer_rollouts"] = [{"text": x.text, "logprob": float(sum(x.behaviour_logprobs))}
                                         for x in group.samples]
                 out.append(row)
             bar.advance(task, len(train[start: start + chunk]))

@@ -29,7 +29,7 @@ def sample_record(sample: Sample, prompt_ids: list[int]) -> dict:
     out = {"completion_ids": list(sample.completion_ids), "behaviour_logprobs": list(sample.behaviour_logprobs),
            "loss_mask": sample.loss_mask, "rewards": dict(sample.rewards), "reward": sample.reward,
            "policy_version": list(sample.policy_version), "finish_reason": sample.finish_reason,
-           "text": sample.info.get("text", "")}
+           "text": sample.text}
     if sample.prompt_ids != prompt_ids:
         out["prompt_ids"] = list(sample.prompt_ids)
     return out
@@ -66,7 +66,7 @@ def replayed_samples(row: dict, params: ReplayParams) -> list[Sample]:
                    behaviour_logprobs=[float(v) for v in r["behaviour_logprobs"]],
                    finish_reason=r.get("finish_reason", "stop"), policy_version=list(r.get("policy_version", [])),
                    rewards=dict(r["rewards"]), reward=float(r["reward"]), loss_mask=r.get("loss_mask"),
-                   info={"text": r.get("text", ""), "row": row}, origin=Origin.REPLAYED)
+                   text=r.get("text", ""), row=row, origin=Origin.REPLAYED)
             for r in row[params.field]]
 
 

@@ -74,14 +74,13 @@ class Episode:
         for start, length, ok in zip(self.turn_starts, self.turn_lengths, eligible):
             if not ok:
                 mask[start:start + length] = [0] * length
-        info = {"text": self.replies[-1] if self.replies else "", "row": self.row, "turns": len(self.replies),
-                "turn_rewards": list(self.turn_rewards), "turn_lengths": list(self.turn_lengths),
-                "turn_eligible": list(eligible),
+        info = {"turns": len(self.replies), "turn_rewards": list(self.turn_rewards),
+                "turn_lengths": list(self.turn_lengths), "turn_eligible": list(eligible),
                 "env_return": float(sum(r for r, ok in zip(self.turn_rewards, eligible) if ok)),
                 "messages": self.messages, "metrics": self.episode_metrics()}
         return Sample(prompt_ids=self.prompt_ids, completion_ids=self.ids, behaviour_logprobs=self.logprobs,
                       finish_reason=self.finish_reason, policy_version=self.versions, excluded=self.excluded,
-                      info=info, loss_mask=mask)
+                      info=info, loss_mask=mask, text=self.replies[-1] if self.replies else "", row=self.row)
 
     def episode_metrics(self) -> dict[str, float]:
         base = {"env/turns": float(len(self.replies)), "env/error": 0.0, "env/truncated_turns": 0.0,

@@ -122,6 +122,6 @@ def rollout(engine, tokenizer, rows: list[dict[str, Any]], n: int, params, gener
             text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
             samples.append(Sample(prompt_ids=list(row["prompt_ids"]), completion_ids=c.token_ids,
                                   behaviour_logprobs=c.logprobs, finish_reason=c.finish_reason,
-                                  policy_version=c.policy_version, info={"text": text, "row": row}))
+                                  policy_version=c.policy_version, text=text, row=row))
         groups.append(Group(uid=row["uid"], row=row, samples=samples))
     return groups

@@ -8,7 +8,7 @@ call is a JSON object in tags, any number per turn:
 
 Each call is answered by one `tool` message holding its result (or an error). A reply without a
 `<tool_call>` tag is the final answer and ends the episode; the task's answer reward grades it
-(`Sample.info["text"]` is the last reply). The environment's reward is an R2IF-style format reward
+(`Sample.text` is the last reply). The environment's reward is an R2IF-style format reward
 (`format_credit`): −`format_reward` at once for a turn with a malformed call, +`format_reward` once
 for an episode with a turn whose calls are all well-formed (valid JSON, a known tool, the arguments
 it declares), paid with the final answer. A tool call that exceeds `tool_timeout_s` is

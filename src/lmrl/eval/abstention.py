@@ -73,7 +73,7 @@ def batched_self_cascade(groups: list[Group], draw: Callable[[list[dict]], list]
     finals = [g.samples[0] for g in groups]
     queries = [1] * len(groups)
     for _ in range(max_attempts - 1):
-        todo = [i for i, x in enumerate(finals) if is_abstention(x.info["text"], **params)]
+        todo = [i for i, x in enumerate(finals) if is_abstention(x.text, **params)]
         if not todo:
             break
         for i, x in zip(todo, draw([groups[i].row for i in todo])):
@@ -86,7 +86,7 @@ def reply_rows(groups: list[Group], **detector) -> list[dict]:
     """One JSON-able row per evaluated prompt: uid, question, gold, greedy reply and its outcome."""
     params = {k: v for k, v in detector.items() if k in DETECTOR_KEYS}
     return [{"uid": g.uid, "question": g.row.get("question"), "gold": str(g.row.get("answer")),
-             "text": g.samples[0].info["text"], "outcome": abstention_outcome(g.samples[0], **params)}
+             "text": g.samples[0].text, "outcome": abstention_outcome(g.samples[0], **params)}
             for g in groups if g.samples]
 
 

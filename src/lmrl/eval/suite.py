@@ -44,13 +44,13 @@ def prompt_record(greedy: Group, sampled: Group, accuracy_component: str, detect
     g = greedy.samples[0]
     g_correct = correct_flags([greedy], accuracy_component)[0][0]
     params = {k: v for k, v in (detector or {}).items() if k in ("phrases", "scope", "pattern")}
-    outcome = "abstain" if is_abstention(g.info["text"], **params) else "correct" if g_correct else "wrong"
-    texts = [s.info["text"] for s in sampled.samples]
+    outcome = "abstain" if is_abstention(g.text, **params) else "correct" if g_correct else "wrong"
+    texts = [s.text for s in sampled.samples]
     return {
         "uid": greedy.uid, "question": greedy.row.get("question"), "gold": str(greedy.row.get("answer")),
         "greedy_correct": g_correct, "greedy_outcome": outcome, "greedy_length": g.num_generated,
         "greedy_prob": math.exp(-_entropy(g)), "greedy_restated": g_correct and restated_question(g),
-        "reply": g.info["text"][:REPLY_CHARS],
+        "reply": g.text[:REPLY_CHARS],
         "correct": correct_flags([sampled], accuracy_component)[0],
         "answers": answer_classes([sample_answer(s, fallback="last_number") for s in sampled.samples]),
         "lengths": [s.num_generated for s in sampled.samples],

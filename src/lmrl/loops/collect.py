@@ -136,5 +136,5 @@ def log_inputs_order(s: Stages, run: RunDir) -> None:
 def sample_row(group: Group, split: str) -> dict:
     """The first sample of `group` as a row of the samples log."""
     x = group.samples[0]
-    return {"split": split, "prompt": group.row["question"], "completion": x.info["text"], "reward": x.reward,
+    return {"split": split, "prompt": group.row["question"], "completion": x.text, "reward": x.reward,
             "gold": str(group.row.get("answer")), "excluded": x.excluded}

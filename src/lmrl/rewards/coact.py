@@ -46,6 +46,6 @@ def coact(samples: list[Sample], tau_hi: float = 0.75, tau_lo: float = 0.4, patt
     if route == "self":
         return [float(i == label) for i in ids]
     if route == "oracle":
-        gold = str(samples[0].info["row"]["answer"])
+        gold = str(samples[0].row["answer"])
         return [float(a is not None and answers_match(a, gold)) for a in answers]
     return _no_verdict(len(samples), between)

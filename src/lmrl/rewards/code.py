@@ -211,11 +211,11 @@ def code_tests_reward(sample: Sample, partial_credit: bool = True, timeout_s: fl
                       memory_mb: int = 512, max_restarts: int = 2, packages: list[str] | None = None, **_) -> float:
     """Passed / total test cases (or all-or-nothing with `partial_credit=False`); details in info["code_tests"].
     `packages`: top-level packages the candidate may import besides the standard library."""
-    row = sample.info["row"]
+    row = sample.row
     missing = [k for k in ("test", "entry_point") if not row.get(k)]
     if missing:
         raise ValueError(f"code_tests needs rows with {missing} (e.g. task humaneval)")
-    code = extract_code(sample.info["text"], row["entry_point"])
+    code = extract_code(sample.text, row["entry_point"])
     program = build_program(row.get("prompt", ""), code, row["entry_point"])
     report = run_tests(program, row["test"], row["entry_point"], partial_credit, timeout_s, test_timeout_s,
                        max_restarts, prompt=row.get("prompt", ""), packages=tuple(packages or ()),

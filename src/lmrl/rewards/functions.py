@@ -1,6 +1,6 @@
 """Per-sample reward functions: `(sample, **params) -> float | dict[str, float] | None`.
 
-A function reads the completion text and the task row from `sample.info` ("text", "row").
+A function reads the completion text and the task row from `sample.text` and `sample.row`.
 None means "no verdict" and excludes the sample from the update (counted in the metrics).
 Which text is a reply's answer and how it is compared with the gold: `answers.py` and `numbers.py`.
 """
@@ -24,15 +24,15 @@ def answer_reward(sample: Sample, pattern: str | None = None, fallback: str = "n
     """`fallback="last_number"` grades the final number of a reply that has no 'Answer:' marker.
 
     What counts as a final answer: docs/rewards/builtin.md."""
-    row = sample.info["row"]
+    row = sample.row
     question = row.get("question")
-    predicted = final_answer(sample.info["text"], pattern, fallback, question)
+    predicted = final_answer(sample.text, pattern, fallback, question)
     return float(predicted is not None and answers_match(predicted, str(row["answer"]), question))
 
 
 @REWARD_FNS.register("format", "1 if the completion ends with an 'Answer: ...' line")
 def format_reward(sample: Sample, pattern: str = r"answer\s*:\s*\S+[^\n]*\s*$") -> float:
-    return float(re.search(pattern, sample.info["text"].strip(), re.IGNORECASE) is not None)
+    return float(re.search(pattern, sample.text.strip(), re.IGNORECASE) is not None)
 
 
 @REWARD_FNS.register("length", "-(generated tokens / target), a pressure toward short completions")
@@ -62,12 +62,12 @@ def reasoning_gym_reward(sample: Sample, pattern: str | None = None, fallback: s
     """
     import reasoning_gym
 
-    row = sample.info["row"]
+    row = sample.row
     entry = row.get("entry")
     if entry is None:
         raise ValueError("reasoning_gym reward needs rows from the reasoning_gym task")
     question = row.get("question", entry.get("question"))
-    predicted = final_answer(sample.info["text"], pattern, fallback, question)
+    predicted = final_answer(sample.text, pattern, fallback, question)
     if predicted is None:
         return 0.0
     scorer = reasoning_gym.get_score_answer_fn(entry["metadata"]["source_dataset"])

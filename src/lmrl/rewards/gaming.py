@@ -49,8 +49,8 @@ def restates(answer: str, question: str, window: int = 5) -> bool:
 
 def restated_question(sample: Sample) -> bool:
     """Whether the sample's extracted answer restates its row's question (False when it has no answer)."""
-    answer = answer_text(sample.info.get("text", ""))
-    question = str(sample.info.get("row", {}).get("question", ""))
+    answer = answer_text(sample.text)
+    question = str(sample.row.get("question", ""))
     return answer is not None and bool(question) and restates(answer, question)
 
 

@@ -6,7 +6,7 @@
   across steps for the same prompt.
 - `novelty` (MINT) lives in `rewards/novelty.py`.
 
-The label-free rewards never read `sample.info["row"]["answer"]`; pair them with the `answer`
+The label-free rewards never read `sample.row["answer"]`; pair them with the `answer`
 component at weight 0 to log accuracy against gold without training on it.
 """
 from __future__ import annotations
@@ -31,9 +31,9 @@ def sample_answer(sample: Sample, pattern: str | None = None, fallback: str = "n
     """The answer the `answer` reward would grade: text after the last 'Answer:' (or a custom regex)."""
     if fallback not in ("none", "last_number"):
         raise ValueError(f"fallback must be 'none' or 'last_number', got {fallback!r}")
-    predicted = extract_answer(sample.info["text"], pattern)
+    predicted = extract_answer(sample.text, pattern)
     if predicted is None and fallback == "last_number":
-        predicted = last_number(sample.info["text"])
+        predicted = last_number(sample.text)
     return predicted
 
 
@@ -140,7 +140,7 @@ def consensus_affinity(samples: list[Sample], ids: list[int | None], answer_weig
     same = np.array([[float(ids[i] is not None and ids[i] == ids[j]) for j in range(n)] for i in range(n)])
     a = answer_weight * same
     if similarity_weight:
-        words = [_words(s.info["text"]) for s in samples]
+        words = [_words(s.text) for s in samples]
         a = a + similarity_weight * np.array([[_jaccard(words[i], words[j]) for j in range(n)] for i in range(n)])
     if confidence == "mean_prob":
         c = np.array([math.exp(sum(s.behaviour_logprobs) / max(len(s.behaviour_logprobs), 1)) for s in samples])
@@ -335,7 +335,7 @@ class MEDS:
             answer = sample_answer(sample, self.pattern, self.fallback)
             return _embed([" ".join(answer.lower().split()) if answer is not None else "<no answer>"], self.dim)
         if self.feature == "text":
-            words = re.findall(r"\w+|[^\w\s]", sample.info["text"].lower())
+            words = re.findall(r"\w+|[^\w\s]", sample.text.lower())
             return _embed(words + [a + " " + b for a, b in zip(words, words[1:])], self.dim)
         key = self.feature[len("info:"):]
         if key not in sample.info:
@@ -345,7 +345,7 @@ class MEDS:
     def is_correct(self, sample: Sample) -> bool:
         if self.correctness_component is None:
             predicted = sample_answer(sample, self.pattern, self.fallback)
-            return predicted is not None and answers_match(predicted, str(sample.info["row"]["answer"]))
+            return predicted is not None and answers_match(predicted, str(sample.row["answer"]))
         value = sample.rewards.get(self.correctness_component)
         if value is None:
             raise ValueError(f"meds: component {self.correctness_component!r} must be listed before meds")

@@ -65,7 +65,7 @@ def make_judge(judge: Any) -> Any:
 
 def prompt_text(sample: Sample, prompt_field: str = "question") -> str:
     """The instruction the completion answers: the row's last user message, else `row[prompt_field]`."""
-    row = sample.info.get("row") or {}
+    row = sample.row
     users = [m["content"] for m in row.get("messages") or [] if m.get("role") == "user"]
     if users:
         return users[-1]
@@ -125,7 +125,7 @@ class RubricReward(_Judge):
         self.per_criterion, self.variant, self.beta, self.eta = _check_ask(ask), variant, beta, eta
 
     def __call__(self, sample: Sample) -> float:
-        met = self.ask_criteria(prompt_text(sample, self.prompt_field), [sample.info["text"]], self.criteria,
+        met = self.ask_criteria(prompt_text(sample, self.prompt_field), [sample.text], self.criteria,
                                 self.per_criterion)[0]
         hits = [int(m == c.satisfied_is_bad) if c.weight < 0 else m for m, c in zip(met, self.criteria)]
         return rubric_score([c.weight for c in self.criteria], hits, self.variant, self.beta, self.eta)
@@ -149,7 +149,7 @@ class ImplicitRubricReward(_Judge):
         return (parse_score(reply, self.low, self.high) - self.low) / (self.high - self.low)
 
     def __call__(self, sample: Sample) -> float:
-        return self.score(prompt_text(sample, self.prompt_field), sample.info["text"], self.rubric)
+        return self.score(prompt_text(sample, self.prompt_field), sample.text, self.rubric)
 
 
 @REWARD_FNS.register("judge_self_rubric", "EVOLM: a generated per-prompt rubric, then a holistic judge score")
@@ -174,7 +174,7 @@ class SelfRubricReward(ImplicitRubricReward):
 
     def __call__(self, sample: Sample) -> float:
         prompt = prompt_text(sample, self.prompt_field)
-        return self.score(prompt, sample.info["text"], self.rubric_for(prompt))
+        return self.score(prompt, sample.text, self.rubric_for(prompt))
 
 
 @REWARD_FNS.register("judge_flip", "FLIP: judge infers the instruction from the response; token F1 with the real one")
@@ -195,12 +195,12 @@ class FlipReward(_Judge):
         return clean
 
     def __call__(self, sample: Sample) -> float:
-        row = sample.info.get("row") or {}
+        row = sample.row
         messages = row.get("messages") or []
         last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
         history = messages[:last_user] if last_user is not None else []
         shown = "\n".join(f"{m['role']}: {m['content']}" for m in history) or "(none)"
-        reply = self.client.chat(_user(self.template.format(history=shown, response=sample.info["text"])))
+        reply = self.client.chat(_user(self.template.format(history=shown, response=sample.text)))
         return token_f1(self.inferred_instruction(reply), prompt_text(sample, self.prompt_field))
 
 
@@ -231,7 +231,7 @@ class DynamicRubricReward(_Judge):
         return items
 
     def __call__(self, samples: list[Sample]) -> list[float]:
-        prompt, texts = prompt_text(samples[0], self.prompt_field), [s.info["text"] for s in samples]
+        prompt, texts = prompt_text(samples[0], self.prompt_field), [s.text for s in samples]
         items = self.items(prompt, texts)
         weights = [c.weight for c in items]
         return [rubric_score(weights, met) for met in self.ask_criteria(prompt, texts, items, self.per_criterion)]
@@ -252,7 +252,7 @@ class GrrmReward(_Judge):
         self.max_length, self.buffer, self.penalty = max_length, overlong_buffer, overlong_penalty
 
     def __call__(self, samples: list[Sample]) -> list[float]:
-        texts = [s.info["text"] for s in samples]
+        texts = [s.text for s in samples]
         unique = list(dict.fromkeys(t for t in texts if t.strip()))
         if len(unique) < 2:
             return [self.default] * len(samples)
@@ -308,7 +308,7 @@ class RrcReward(_Judge):
         return out
 
     def anchors(self, sample: Sample, prompt: str) -> list[str]:
-        row = sample.info.get("row") or {}
+        row = sample.row
         if self.anchors_field in row:
             return [str(a) for a in row[self.anchors_field]]
         if self.anchor_policy is None:
@@ -319,7 +319,7 @@ class RrcReward(_Judge):
         return self.anchor_cache[prompt]
 
     def __call__(self, samples: list[Sample]) -> list[float]:
-        prompt, texts = prompt_text(samples[0], self.prompt_field), [s.info["text"] for s in samples]
+        prompt, texts = prompt_text(samples[0], self.prompt_field), [s.text for s in samples]
         if self.mode == "agr":
             anchors = self.anchors(samples[0], prompt)
             m = self.margins(prompt, [(t, a) for t in texts for a in anchors])

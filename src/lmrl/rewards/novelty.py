@@ -79,8 +79,8 @@ def novelty(samples: list[Sample], tactics: dict[str, str] | None = None, histor
     names = list(tactics)
     if history not in ("auto", "row", "group"):
         raise ValueError(f"history must be 'auto', 'row' or 'group', got {history!r}")
-    counts = [tactic_counts(s.info["text"], tactics) for s in samples]
-    row = samples[0].info.get("row", {}) if samples else {}
+    counts = [tactic_counts(s.text, tactics) for s in samples]
+    row = samples[0].row if samples else {}
     use_row = history == "row" or (history == "auto" and history_field in row)
     if use_row:
         if history_field not in row:
@@ -104,7 +104,7 @@ def novelty(samples: list[Sample], tactics: dict[str, str] | None = None, histor
     out = []
     for s, score in zip(samples, scores):
         score *= min(1.0, length_target / max(s.num_generated, 1))
-        if re.search(label_pattern, s.info["text"], re.IGNORECASE):
+        if re.search(label_pattern, s.text, re.IGNORECASE):
             score += label_penalty
         out.append(score)
     return out

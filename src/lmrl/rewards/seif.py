@@ -93,8 +93,8 @@ def formatted_answer(text: str) -> str | None:
 @REWARD_FNS.register("seif_follower", "SEIF follower: fraction of the row's constraints the <answer> meets; "
                      "0 without the <think>/<answer> format")
 def seif_follower(sample: Sample, field: str = "constraints", require_format: bool = True, **_) -> float:
-    constraints = parse_constraints(sample.info["row"][field])
-    answer = formatted_answer(sample.info["text"]) if require_format else strip_reasoning(sample.info["text"])
+    constraints = parse_constraints(sample.row[field])
+    answer = formatted_answer(sample.text) if require_format else strip_reasoning(sample.text)
     if answer is None:
         return 0.0
     return satisfied(answer, constraints)
@@ -121,7 +121,7 @@ class SeifInstructor:
         self.evaluator, self.require_format = make_judge(evaluator), require_format
 
     def __call__(self, sample: Sample) -> float:
-        parsed = parse_instruction(sample.info["text"])
+        parsed = parse_instruction(sample.text)
         if parsed is None:
             sample.info["seif"] = {"valid": False}
             return 0.0

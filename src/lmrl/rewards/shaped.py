@@ -53,13 +53,13 @@ def is_abstention(text: str, phrases: Sequence[str] = DEFAULT_ABSTAIN_PHRASES, s
 def abstention_outcome(sample: Sample, phrases: Sequence[str] = DEFAULT_ABSTAIN_PHRASES, scope: str = "answer",
                        pattern: str | None = None, fallback: str = "none") -> str:
     """"abstain", "correct" or "wrong" (a reply with no answer and no abstention counts as wrong)."""
-    text = sample.info["text"]
+    text = sample.text
     if is_abstention(text, phrases, scope, pattern):
         return "abstain"
     predicted = extract_answer(text, pattern)
     if predicted is None and fallback == "last_number":
         predicted = last_number(text)
-    ok = predicted is not None and answers_match(predicted, str(sample.info["row"]["answer"]))
+    ok = predicted is not None and answers_match(predicted, str(sample.row["answer"]))
     return "correct" if ok else "wrong"
 
 
@@ -214,10 +214,10 @@ def detect_language(text: str, languages: Sequence[str] = ()) -> str:
 def language_match(sample: Sample, lang: str | None = None, lang_field: str = "target_lang",
                    languages: Sequence[str] = (), **_) -> float:
     """The MiLMMT gate; with the `gated` aggregation it zeroes the quality scores of wrong-language replies."""
-    target = lang or sample.info["row"].get(lang_field)
+    target = lang or sample.row.get(lang_field)
     if not target:
         raise ValueError(f"language_match needs params.lang or a {lang_field!r} field in the row")
-    text = sample.info["text"].strip()
+    text = sample.text.strip()
     return float(bool(text) and detect_language(text, languages) == target)
 
 
@@ -258,11 +258,11 @@ def duration_ratio_reward(sample: Sample, ratio: float = 1.0, eps: float = 0.1, 
                           pattern: str | None = None, **_) -> float:
     """Budget B = syllables(row[source_field]) × δ (δ from row[ratio_field] if present, else `ratio`);
     ρ = syllables(reply or its extracted answer when `pattern` is given) / B."""
-    row = sample.info["row"]
+    row = sample.row
     budget = count_syllables(str(row[source_field])) * float(row.get(ratio_field, ratio))
     if budget <= 0:
         raise ValueError(f"duration_ratio: the source in {source_field!r} has no syllables")
-    text = extract_answer(sample.info["text"], pattern) if pattern else sample.info["text"]
+    text = extract_answer(sample.text, pattern) if pattern else sample.text
     return duration_fit(count_syllables(text or "") / budget, eps, decay, kind)
 
 
@@ -300,9 +300,9 @@ def edit_reward(hyp_edits: set, ref_edits: set, lam: float = 0.5, beta: float = 
 def edit_efficiency_reward(sample: Sample, lam: float = 0.5, beta: float = 0.5, unit: str = "char",
                            source_field: str = "source", pattern: str | None = None, **_) -> float:
     """Hypothesis = the reply (or its extracted answer with `pattern`); reference = row["answer"]."""
-    row = sample.info["row"]
+    row = sample.row
     source = str(row[source_field])
-    hyp = (extract_answer(sample.info["text"], pattern) if pattern else sample.info["text"].strip()) or ""
+    hyp = (extract_answer(sample.text, pattern) if pattern else sample.text.strip()) or ""
     return edit_reward(extract_edits(source, hyp, unit), extract_edits(source, str(row["answer"]), unit), lam, beta)
 
 
@@ -319,7 +319,7 @@ def reciprocal_error(error: float, scale: float = 1.0, power: float = 1.0) -> fl
 def reciprocal_error_reward(sample: Sample, scale: float = 1.0, power: float = 1.0, pattern: str | None = None,
                             fallback: str = "last_number", **_) -> float:
     """0 when no number can be read from the reply."""
-    text = sample.info["text"]
+    text = sample.text
     predicted = extract_answer(text, pattern)
     if predicted is None and fallback == "last_number":
         predicted = last_number(text)
@@ -327,7 +327,7 @@ def reciprocal_error_reward(sample: Sample, scale: float = 1.0, power: float = 1
         value = float(str(predicted).replace(",", ""))
     except ValueError:
         return 0.0
-    return reciprocal_error(value - float(sample.info["row"]["answer"]), scale, power)
+    return reciprocal_error(value - float(sample.row["answer"]), scale, power)
 
 
 # Entity-anchored matching (EA-RLVR) --------------------------------------------------------
@@ -340,7 +340,7 @@ def entity_match_reward(sample: Sample, entities_field: str = "entities", separa
     "fraction": the share that appears. `pattern` restricts the search to the extracted answer."""
     if mode not in ("all", "fraction"):
         raise ValueError(f"entity_match mode must be 'all' or 'fraction', got {mode!r}")
-    row = sample.info["row"]
+    row = sample.row
     entities = row.get(entities_field)
     if entities is None:
         gold = str(row["answer"])
@@ -348,7 +348,7 @@ def entity_match_reward(sample: Sample, entities_field: str = "entities", separa
     entities = [_normalise(str(e)) for e in entities if str(e).strip()]
     if not entities:
         raise ValueError("entity_match: the row has no entities")
-    region = (extract_answer(sample.info["text"], pattern) if pattern else sample.info["text"]) or ""
+    region = (extract_answer(sample.text, pattern) if pattern else sample.text) or ""
     found = [e in _normalise(region) for e in entities]
     return float(all(found)) if mode == "all" else sum(found) / len(found)
 
@@ -378,7 +378,7 @@ def sycophancy_reward(sample: Sample, weights: dict[str, float] | None = None,
     unknown = set(weights) - set(SYCOPHANCY_TERMS)
     if unknown:
         raise ValueError(f"sycophancy weights name unknown terms {sorted(unknown)}; terms: {SYCOPHANCY_TERMS}")
-    row, text = sample.info["row"], sample.info["text"]
+    row, text = sample.row, sample.text
     answer = extract_answer(text, pattern)
 
     def same(reference) -> float:
@@ -431,7 +431,7 @@ class RewardModelScore:
     def __call__(self, sample: Sample) -> float:
         import torch
 
-        ids = torch.tensor([self.encode(str(sample.info["row"].get("question", "")), sample.info["text"])],
+        ids = torch.tensor([self.encode(str(sample.row.get("question", "")), sample.text)],
                            device=self.device)
         with self.lock, torch.no_grad():
             score = float(self.model(input_ids=ids).logits[0, self.label])
