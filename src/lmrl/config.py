@@ -330,7 +330,7 @@ def load_config(recipe: str | None = "quickstart", overrides: list[str] | None =
         path = recipe_path(recipe)
         tree = read_recipe(path)
         tree.setdefault("recipe", path.stem)
-    notes = migrate_keys(tree)
+    notes = migrate_keys(tree, _preset_settings(tree))
     for item in overrides or []:
         key, value = parse_override(item)
         seed_named_list(tree, key, Config, _preset_settings(tree))
@@ -369,7 +369,7 @@ def build_config(tree: dict[str, Any]) -> Config:
     """A validated Config from a tree: old key spellings rewritten, known keys, the preset expanded, field
     types, then the validation stages that need no data (names resolve, method declarations fit the settings)."""
     tree = copy.deepcopy(tree)
-    notes = migrate_keys(tree)
+    notes = migrate_keys(tree, _preset_settings(tree))
     check_keys(tree, Config)
     filled, replaced = _expand_preset(tree)
     try:

@@ -283,60 +283,74 @@ def _drop(items: list, name: str) -> None:
     items[:] = [item for item in items if not (isinstance(item, dict) and item.get("name") == name)]
 
 
-def _demo_nll(value: float, algo: dict) -> dict:
-    return {"name": "demo_nll", "coef": value}
+def _demo_nll(algo: dict) -> dict | None:
+    coef = algo.pop("demo_nll_coef")
+    return {"name": "demo_nll", "coef": coef} if coef else None
 
 
-def _overlong(value: int, algo: dict) -> dict:
-    return {"name": "overlong", "params": {"buffer": value, "factor": algo.pop("overlong_factor", 1.0)}}
+def _overlong(algo: dict) -> dict | None:
+    buffer, factor = algo.pop("overlong_buffer", 0), algo.pop("overlong_factor", 1.0)
+    return {"name": "overlong", "params": {"buffer": buffer, "factor": factor}} if buffer else None
 
 
-def _cost_aware(value: float, algo: dict) -> dict:
-    return {"name": "cost_aware", "params": {"fraction": value}}
+def _cost_aware(algo: dict) -> dict | None:
+    fraction = algo.pop("cost_aware_fraction")
+    return {"name": "cost_aware", "params": {"fraction": fraction}} if fraction else None
 
 
-def _distill(value: dict, algo: dict) -> dict:
+def _distill(algo: dict) -> dict | None:
+    section = algo.pop("distill")
     renamed = {"params": "context_params"}
-    params = {renamed.get(k, k): v for k, v in value.items() if k != "coef"}
-    return {"name": "distill", "coef": value.get("coef", 0.0), **({"params": params} if params else {})}
+    params = {renamed.get(k, k): v for k, v in section.items() if k != "coef"}
+    entry = {"name": "distill", "coef": section.get("coef", 0.0), **({"params": params} if params else {})}
+    return entry if entry["coef"] else None
 
 
-# Keys of earlier versions that were one method's fields of `algo`: old key -> (the list it is an entry of
-# now, the entry made from its value and the keys beside it; a value of 0 switches the entry off)
-_OLD_ALGO_KEYS = {"demo_nll_coef": ("terms", _demo_nll), "overlong_buffer": ("shaping", _overlong),
-                  "overlong_factor": ("shaping", _overlong), "cost_aware_fraction": ("shaping", _cost_aware),
-                  "distill": ("terms", _distill)}
+# Keys of earlier versions that were one method's fields of `algo`: (the old keys, the list whose entry
+# they are now, the entry's name, what makes the entry from them: None when their values switch it off)
+_OLD_ALGO_KEYS = [(("demo_nll_coef",), "terms", "demo_nll", _demo_nll),
+                  (("distill",), "terms", "distill", _distill),
+                  (("overlong_buffer", "overlong_factor"), "shaping", "overlong", _overlong),
+                  (("cost_aware_fraction",), "shaping", "cost_aware", _cost_aware)]
 _RENAMED_ALGO_LISTS = {"extra_terms": "terms", "extra_shapers": "shaping"}
 
 
-def migrate_keys(tree: dict) -> list[str]:
-    """Rewrite, in place, the `algo` keys earlier versions spelled otherwise: one method's fields became
-    entries of `algo.terms` and `algo.shaping` (`algo.demo_nll_coef: 0.1` is `algo.terms: [{name: demo_nll,
-    coef: 0.1}]`; `algo.distill: {coef, context, params, tokens, estimator}` is a `distill` entry whose params
-    are `context`, `context_params`, `tokens` and `estimator`), and `algo.extra_terms` / `algo.extra_shapers`
-    are those lists. An old key set beside
-    the list sets its entry. Returns one note per old key that had an effect, giving the new spelling."""
+def migrate_keys(tree: dict, defaults: dict[str, Any] | None = None) -> list[str]:
+    """Rewrite, in place, the `algo` keys earlier versions spelled otherwise; returns one note per old key
+    that had an effect, giving the new spelling.
+
+    One method's fields became entries of `algo.terms` and `algo.shaping` (`algo.demo_nll_coef: 0.1` is
+    `algo.terms: [{name: demo_nll, coef: 0.1}]`; `algo.distill: {coef, context, params, tokens, estimator}`
+    a `distill` entry whose params are `context`, `context_params`, `tokens` and `estimator`), and
+    `algo.extra_terms` / `algo.extra_shapers` add to those lists. An old key meets the list as the user
+    set it or, where the user did not, as `defaults` (the preset's settings) have it: it sets its entry
+    there, or removes it when its value switches it off, and keeps the others."""
     algo = tree.get("algo")
     if not isinstance(algo, dict):
         return []
-    notes, unset = [], {field for field in ("terms", "shaping") if field not in algo}
-    for old, (field, make) in _OLD_ALGO_KEYS.items():
-        if old not in algo:
+    defaults, notes = defaults or {}, []
+    unset = {field for field in ("terms", "shaping") if field not in algo and f"algo.{field}" not in defaults}
+
+    def entries(field: str) -> list:
+        if field not in algo:
+            algo[field] = copy.deepcopy(list(defaults.get(f"algo.{field}", [])))
+        return algo[field]
+
+    for keys, field, name, make in _OLD_ALGO_KEYS:
+        if not any(key in algo for key in keys):
             continue
-        value = algo.pop(old) if old != "overlong_factor" else algo.pop("overlong_buffer", 0)
-        entry, items = make(value, algo), algo.setdefault(field, [])
-        if not entry.get("coef", value):
-            _drop(items, entry["name"])
+        entry = make(algo)
+        if entry is None:
+            _drop(entries(field), name)
             continue
-        _into(items, entry)
-        notes.append(f"algo.{old} is spelled algo.{field}: {_flow([entry])} now (docs/migration.md)")
+        _into(entries(field), entry)
+        notes.append(f"algo.{keys[0]} is spelled algo.{field}: {_flow([entry])} now (docs/migration.md)")
     for old, new in _RENAMED_ALGO_LISTS.items():
-        if old in algo:
-            entries = algo.pop(old) or []
-            for entry in entries:
-                _into(algo.setdefault(new, []), entry)
-            if entries:
-                notes.append(f"algo.{old} is spelled algo.{new} now (docs/migration.md)")
+        added = algo.pop(old, None) or []
+        for entry in added:
+            _into(entries(new), entry)
+        if added:
+            notes.append(f"algo.{old} is spelled algo.{new} now (docs/migration.md)")
     for field in unset:
         if algo.get(field) == []:
             del algo[field]

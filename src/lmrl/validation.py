@@ -64,6 +64,9 @@ def _registered(cfg: Config) -> None:
         for i, e in enumerate(entries):
             if e.name in keyed:
                 raise ConfigError(f"{key}[{i}].name: the {e.name!r} {kind} is switched on by {keyed[e.name]}")
+            if e.name in [earlier.name for earlier in entries[:i]]:
+                raise ConfigError(f"{key}[{i}].name: the {e.name!r} {kind} is listed twice; give it once "
+                                  "(entries are changed by name)")
 
 
 def _rollout_workers(cfg: Config) -> None:
@@ -191,7 +194,7 @@ def _demonstrations(cfg: Config) -> None:
     if not spec.in_advantage and a.critic:
         raise ConfigError(f"data.demonstrations={mode} leaves its rows out of the advantage estimate, which "
                           "algo.critic=true (value targets for every row) does not support; use group or no critic")
-    for term in (t for t in a.terms if TERMS.spec(t.name).weights == "demonstration" and t.coef > 0):
+    for term in (t for t in a.terms if TERMS.spec(t.name).weights == "demonstration" and t.coef != 0):
         if mode == "none":
             raise ConfigError(f"algo.terms: the {term.name!r} term trains on demonstration rows, but "
                               "data.demonstrations=none adds none; set data.demonstrations=rescue (or group) and "
@@ -227,7 +230,7 @@ def _sample_source(cfg: Config) -> None:
     if spec.generates and cfg.data.group_filter != "none":
         raise ConfigError(f"data.demonstrations={mode} looks at the groups the filter keeps, and "
                           f"data.group_filter={cfg.data.group_filter} drops the hard ones first; set it to none")
-    supervised = [t.name for t in cfg.algo.terms if TERMS.spec(t.name).weights == "demonstration" and t.coef > 0]
+    supervised = [t.name for t in cfg.algo.terms if TERMS.spec(t.name).weights == "demonstration" and t.coef != 0]
     if spec.supervised and not supervised:
         demo_terms = [n for n, term in TERMS.specs().items() if term.weights == "demonstration"]
         raise ConfigError(f"data.demonstrations={mode} adds rows that only a term over demonstration rows trains "
@@ -312,8 +315,10 @@ def _params(cfg: Config) -> None:
 
 def _sampler_probe(cfg: Config) -> None:
     """A sampler that probes prompts with the current policy (`probes(**knobs)`) needs the synchronous loop."""
-    probes = getattr(SAMPLERS.get(cfg.data.sampler), "probes", None)
-    if probes is not None and probes(**cfg.data.sampler_params) and cfg.rollout.max_staleness is not None:
+    sampler = SAMPLERS.get(cfg.data.sampler)
+    probes = getattr(sampler, "probes", None)
+    probing = probes(**cfg.data.sampler_params) if probes is not None else getattr(sampler, "needs_probe", False)
+    if probing and cfg.rollout.max_staleness is not None:
         raise ConfigError(f"data.sampler={cfg.data.sampler} probes prompts with the learner's current policy, which "
                           "the asynchronous loop trains while rollouts run; use it without rollout.max_staleness")
 

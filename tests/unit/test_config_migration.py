@@ -87,3 +87,23 @@ def test_the_old_distill_section_becomes_a_distill_entry_with_its_settings():
     assert term.settings == {"context": "hindsight_critique", "context_params": {"judge": {"model": "m"}},
                              "tokens": "tool_calls"}
     assert load_config("quickstart", ["algo.distill={coef: 0.0, tokens: all}"]).algo.terms == []
+
+
+@pytest.mark.parametrize("preset, old, name", [("sgt", "algo.demo_nll_coef=0", "demo_nll"),
+                                               ("cost_aware_grpo", "algo.cost_aware_fraction=0", "cost_aware")])
+def test_an_old_key_set_to_zero_switches_the_preset_entry_off(preset, old, name):
+    args = ["data.demonstrations=rescue", "task.demonstration=x"] if preset == "sgt" else []
+    cfg = load_config("quickstart", [f"algo.preset={preset}", *args, old])
+    assert name not in [t.name for t in cfg.algo.terms] + [s.name for s in cfg.algo.shaping]
+
+
+def test_old_extra_lists_add_to_the_preset_entries():
+    cfg = load_config("quickstart", ["algo.preset=cost_aware_grpo",
+                                     "algo.extra_shapers=[{name: overlong, params: {buffer: 4}}]"])
+    assert [s.name for s in cfg.algo.shaping] == ["cost_aware", "overlong"]
+
+
+def test_a_term_listed_twice_is_refused():
+    with pytest.raises(ConfigError, match=r"algo.terms\[1\].name: the 'demo_nll' term is listed twice"):
+        load_config("quickstart", ["algo.terms=[{name: demo_nll, coef: 0.1}, {name: demo_nll, coef: 0.2}]",
+                                   "data.demonstrations=rescue", "task.demonstration=x"])

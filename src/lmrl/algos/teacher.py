@@ -39,7 +39,7 @@ DISTILL_TOKENS = ("all", "tool_calls")  # every policy token, or only turns whos
 TEACHER_SETTINGS = {"context": "hindsight_critique", "context_params": {}, "tokens": "all"}
 
 
-def build_teacher(context: str, context_params: dict[str, Any], tokens: str):
+def build_teacher(context: str, context_params: dict[str, Any], **_: Any):
     """The teacher context of a run, built once from its registered name and knobs."""
     return TEACHER_CONTEXTS.get(context)(**context_params)
 

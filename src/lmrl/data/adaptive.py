@@ -74,6 +74,9 @@ class _Adaptive(UniformSampler):
         self.stats.load_state_dict(state["stats"])
 
 
+ENTROPY_THRESHOLD = 0.2  # HIVE: prompts whose probed entropy is below it are dropped (0: no probe)
+
+
 @SAMPLERS.register("hive", "HIVE: prompts near the learning edge by history, then by the policy's prompt entropy")
 class HiveSampler(_Adaptive):
     """HIVE (arXiv 2603.25184; confidence low: a reconstruction from the abstract).
@@ -87,7 +90,8 @@ class HiveSampler(_Adaptive):
     """
 
     def __init__(self, rows: list[dict[str, Any]], seed: int = 0, accuracy_component: str = "answer",
-                 band: list[float] = (0.1, 0.9), top_k: int | None = None, entropy_threshold: float = 0.2,
+                 band: list[float] = (0.1, 0.9), top_k: int | None = None,
+                 entropy_threshold: float = ENTROPY_THRESHOLD,
                  probe_tokens: int = 8, probe_rounds: int = 3, metric: str = "accuracy"):
         super().__init__(rows, seed, metric, accuracy_component)
         self.band = _pair(band, "band")
@@ -102,7 +106,7 @@ class HiveSampler(_Adaptive):
         self.last = {"sampler/in_edge_share": 1.0, "sampler/probed": 0.0, "sampler/probe_dropped": 0.0}
 
     @staticmethod
-    def probes(entropy_threshold: float = 0.2, **_: Any) -> bool:
+    def probes(entropy_threshold: float = ENTROPY_THRESHOLD, **_: Any) -> bool:
         """Whether a sampler with these knobs probes prompts with the current policy (config validation asks)."""
         return entropy_threshold > 0
 

@@ -4,8 +4,8 @@ A sampler that declares `needs_probe = True` gets `sampler.probe(rows, tokens) -
 `bind_probe` when the run is assembled: for each row, the engine samples `tokens` tokens after the
 prompt (one completion, the rollout's temperature), and the learner's model gives the exact entropy
 of each of those next-token distributions at that temperature; the probe is their mean (nats).
-Its class's `probes(**knobs)` tells config validation, before any model loads, that it will probe
-(and so needs the synchronous loop).
+Its class's `probes(**knobs)` (or a class attribute `needs_probe = True`) tells config validation,
+before any model loads, that it will probe (and so needs the synchronous loop).
 """
 from __future__ import annotations
 
@@ -56,5 +56,10 @@ def bind_probe(sampler, cfg, engine, model, generator: torch.Generator) -> None:
     the checkpoint restores, so a resumed run probes the same tokens)."""
     if not getattr(sampler, "needs_probe", False):
         return
+    if cfg.rollout.max_staleness is not None:  # config validation refuses a declared one before this
+        from lmrl.config import ConfigError
+
+        raise ConfigError(f"sampler {cfg.data.sampler!r} probes prompts with the learner's current policy, which "
+                          "the asynchronous loop trains while rollouts run; use it without rollout.max_staleness")
     bf16 = resolve_bf16(cfg.trainer.bf16, next(model.parameters()).device)
     sampler.probe = EntropyProbe(engine, model, sampling_params(cfg), generator, bf16)

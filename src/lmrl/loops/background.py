@@ -135,9 +135,11 @@ class Producer:
         not yet consumed (those of a step the learner had taken but not finished first)."""
         upto = min(self.last, version + 1 + self.staleness)
         with self.changed:
-            self.changed.wait_for(lambda: self.next_step > upto or self.error is not None)
+            self.changed.wait_for(lambda: self.next_step > upto or self.error is not None or self.stopping)
             if self.error is not None:
                 raise RuntimeError("the rollout thread failed") from self.error
+            if self.stopping:
+                raise RuntimeError("the rollout thread was stopped before the batches to save were made")
             return [r for r in self.taken if r.step > version] + list(self.queue)
 
     def stop(self) -> None:
@@ -189,6 +191,8 @@ class BackgroundSource:
     @contextmanager
     def restarting(self, step: int):
         self.producer.stop()
+        if self.producer.error is not None:  # a failure while making the next batch is not rolled back
+            raise RuntimeError("the rollout thread failed") from self.producer.error
         yield
         self.start_version = step
         self.producer = Producer(self.s, self.engine, step, self.s.cfg.rollout.max_staleness, self.transport)
