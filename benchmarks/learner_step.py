@@ -16,7 +16,7 @@ from lmrl.config import load_config
 from lmrl.learners import Learner
 from lmrl.loops.setup import build_stages
 from lmrl.loops.batching import to_batch
-from lmrl.loops.providers import provide
+from lmrl.inputs import provide
 from lmrl.loops.collect import batch_inputs, collect_groups
 
 

@@ -165,7 +165,7 @@ class Batch:
     are filled in by the algorithm before the learner sees the batch.
 
     Three kinds of per-sample inputs travel with the batch, filled by the input providers
-    (`lmrl.data.inputs`): `extras` are per-token ([B, T-1, ...], trimmed with the tokens when rows
+    (`lmrl.inputs`): `extras` are per-token ([B, T-1, ...], trimmed with the tokens when rows
     are selected) or per-row ([B]); `row_extras` have any shape [B, ...] and are only row-selected
     (reward components [B, K], peer rewards [B, P], the origin flags `demonstration` and
     `in_advantage`); `context` holds batch-level values (training step, total steps, component names).

@@ -13,7 +13,6 @@ import inspect
 from typing import Any, Callable
 
 from lmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES
-from lmrl.algos.inputs import ALIASES, INPUT_KNOBS, ROW_FIELD_INPUTS
 from lmrl.algos.shapers import KEYED_SHAPERS, SHAPERS, active_shapers
 from lmrl.algos.state import state_knobs
 from lmrl.algos.terms import KEYED_TERMS, TERMS, active_terms, listed_term
@@ -25,8 +24,9 @@ from lmrl.engines import ENGINES
 from lmrl.engines.weight_sync import WEIGHT_TRANSPORTS
 from lmrl.envs import ENVIRONMENTS, TASKS
 from lmrl.eval.trackers import check_trackers
-from lmrl.learners.inputs import provided_inputs
-from lmrl.learners.pmi import pmi_field
+from lmrl.inputs import provided_inputs
+from lmrl.inputs.vocabulary import (ALIASES, INPUT_KNOBS, ROW_FIELD_INPUTS, STEP_FIELDS, pmi_field,
+                                    unknown_inputs_message)
 from lmrl.presets import PRESETS
 from lmrl.registry import KnobError, check_knobs
 from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
@@ -251,14 +251,17 @@ def _critic(cfg: Config) -> None:
 
 
 def _inputs(cfg: Config) -> None:
-    """Every input a method declares must be one the loop provides (reward components: at least two)."""
+    """Every input a method declares must be one the loop provides (reward components: at least two), and
+    every input an active term or shaper reads one a provider fills or the step itself does
+    (`inputs.vocabulary.STEP_FIELDS`); an unknown one is named with the nearest known name."""
     a, provided = cfg.algo, provided_inputs()
     for setting, spec in ((f"algo.advantage={a.advantage}", ADVANTAGES.spec(a.advantage)),
                           (f"algo.loss={a.loss}", LOSSES.spec(a.loss))):
         missing = spec.requires - provided
         if missing:
             raise ConfigError(f"{setting} needs per-sample inputs {sorted(missing)} that the training loop does not "
-                              "provide yet; it is available as a function in lmrl.algos")
+                              f"provide yet ({unknown_inputs_message(missing, provided)}); it is available as a "
+                              "function in lmrl.algos")
         components = sorted(n for n in spec.requires if ALIASES.get(n, n) == "reward_components")
         if components and len(cfg.reward.components) < 2:
             raise ConfigError(f"{setting} needs per-sample inputs {components} from at least 2 reward components to "
@@ -268,6 +271,13 @@ def _inputs(cfg: Config) -> None:
         if missing:
             raise ConfigError(f"algo.terms[{i}] ({t.name}) needs per-sample inputs {sorted(missing)} that no input "
                               "provider fills")
+    known = provided | STEP_FIELDS
+    readers = [(f"algo.terms[{i}] ({t.name})", TERMS.spec(t.name).inputs) for i, t in enumerate(a.terms)]
+    readers += [(f"algo.shaping[{i}] ({s.name})", SHAPERS.spec(s.name).inputs) for i, s in enumerate(a.shaping)]
+    for setting, inputs in readers:
+        if inputs - known:
+            raise ConfigError(f"{setting} reads inputs that no provider fills: "
+                              f"{unknown_inputs_message(inputs - known, known)}")
 
 
 def _knob_sites(cfg: Config) -> list[tuple[str, Any, str, dict, dict]]:

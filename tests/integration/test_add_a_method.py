@@ -9,7 +9,7 @@ import torch
 
 from conftest import make_tokenizer, toy_run_config
 from lmrl.algos import ADVANTAGES
-from lmrl.data import PROVIDERS
+from lmrl.inputs import PROVIDERS
 from lmrl.loops import build_stages, train
 from lmrl.models import tiny_llama
 

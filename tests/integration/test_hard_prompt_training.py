@@ -10,7 +10,7 @@ import torch
 from conftest import make_tokenizer, toy_run_config
 from lmrl.loops import build_stages, train
 from lmrl.loops.batching import to_batch
-from lmrl.loops.providers import provide
+from lmrl.inputs import provide
 from lmrl.loops.collect import batch_inputs, collect_groups
 from lmrl.models import tiny_llama
 from lmrl.types import Origin

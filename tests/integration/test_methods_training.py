@@ -85,7 +85,7 @@ def test_demonstrations_train_in_the_loop(tmp_path, mode, algo):
     """SGT's rescue rows (supervised term) and GFT's demonstration group member: the run trains, demos
     are added, and their behaviour log-probs are the policy's own (not the placeholder zeros)."""
     from lmrl.loops.batching import to_batch
-    from lmrl.loops.providers import provide
+    from lmrl.inputs import provide
     from lmrl.loops.collect import batch_inputs, collect_groups
 
     cfg = toy_run_config(tmp_path, 12, algo=algo, data={"demonstrations": mode}, task={"demonstration": "{answer}"})
@@ -111,7 +111,7 @@ def test_peer_rollouts_train_with_their_sequence_importance_weight(tmp_path):
     """PRP: each prompt's two peer completions ("7", right; "3", wrong) join its group with the peer's
     log-probs; the sequence IS weight of a peer row is min(π_self(y)/π_peer(y), 2) and the run learns."""
     from lmrl.loops.batching import to_batch
-    from lmrl.loops.providers import provide
+    from lmrl.inputs import provide
     from lmrl.loops.collect import batch_inputs, collect_groups
 
     peers = [{"text": "7", "logprob": -1.0}, {"text": "3", "logprob": -30.0}]

@@ -199,7 +199,7 @@ def test_privileged_source_turns_off_once_the_reward_plateaus_and_resumes_its_st
 
 def test_privileged_rows_stay_out_of_the_advantage_and_train_by_the_supervised_term():
     """The kept row (0.7) is apart from its group: advantage 0, flagged for λ_aux = algo.demo_nll_coef."""
-    from lmrl.data import InputContext
+    from lmrl.inputs import InputContext
     from lmrl.loops.batching import to_batch
 
     groups = [group(row("a"), ["0.4", "0.6"])]

@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 # Lowest first. A layer is a package under lmrl/ or a top-level module; the package `lmrl` itself
 # (its lazy facade) sits with the API at the top.
 ORDER = ["errors", "types", "stats", "registry", "presets", "recipe_files", "config", "algos", "models",
-         "engines", "serve_queue", "serve", "rewards", "envs", "data", "dist", "learners", "validation", "eval",
+         "engines", "serve_queue", "serve", "rewards", "envs", "data", "inputs", "dist", "learners", "validation", "eval",
          "loops", "api", "lmrl", "cli"]
 
 # Imports that break the order today, each (importer, imported module) with its reason.

@@ -9,10 +9,10 @@ import torch
 
 from lmrl.algos import Algorithm
 from lmrl.algos.aggregation import AggScale
-from lmrl.algos.inputs import gather
+from lmrl.algos.gather import gather
 from lmrl.algos.losses import LossInputs
 from lmrl.config import AlgoConfig, TrainerConfig, build_config
-from lmrl.data import InputContext
+from lmrl.inputs import InputContext, provide
 from lmrl.learners import Learner, load_checkpoint, save_checkpoint
 from lmrl.loops.batching import to_batch
 from lmrl.models import tiny_llama
@@ -46,20 +46,36 @@ def test_select_keeps_row_extras_whole_and_trims_token_extras():
     assert sub.context == {"step": 4}
 
 
-def test_gather_resolves_aliases_components_speech_and_entropy():
-    batch = shared_prompt_batch(groups=1)
-    batch.row_extras["reward_components"] = torch.tensor([[1.0, 0.2], [0.0, 0.4], [1.0, 0.6], [0.0, 0.8]])
-    batch.context.update(reward_component_names=["answer", "acoustic"], step=3)
-    batch.extras["token_entropy"] = 2.0 * batch.completion_mask
-    got = gather({"components", "acoustic_rewards", "step", "entropy"}, batch, {})
+class TokenEntropy:
+    """A learner and algorithm stand-in: the model outputs before `prepare` are token entropies of 2."""
+
+    prepare_outputs, hidden_layer = {"token_entropy"}, -1
+
+    def model_outputs(self, batch, outputs, hidden_layer=-1):
+        return {"token_entropy": 2.0 * batch.completion_mask}
+
+
+def test_providers_fill_aliases_components_speech_and_entropy_and_gather_reads_them():
+    rewards = [{"answer": 1.0, "format": 0.2}, {"answer": 0.0, "format": 0.4}, {"answer": 1.0, "format": 0.6},
+               {"answer": 0.0, "format": 0.8}]
+    samples = [Sample([1, 2], [3 + i, 5, 9], [-1.0] * 3, rewards=r, reward=r["answer"]) for i, r in enumerate(rewards)]
+    cfg = build_config({"reward": {"components": [{"name": "answer"}, {"name": "format"}]},
+                        "algo": {"advantage_params": {"acoustic_component": "format", "speech_id_range": [4, 10]}}})
+    requested = frozenset({"components", "acoustic_rewards", "speech_mask", "step", "entropy"})
+    ctx = InputContext(cfg, [Group("g", {}, samples)], requested, step=3, learner=TokenEntropy(),
+                       algorithm=TokenEntropy())
+    batch = to_batch(ctx, 0)
+    provide(batch, ctx, with_learner=True)
+    got = gather({"components", "acoustic_rewards", "step", "entropy"}, batch)
     assert got["components"] is batch.row_extras["reward_components"]
     assert got["acoustic_rewards"].tolist() == pytest.approx([0.2, 0.4, 0.6, 0.8])
     assert got["step"] == 3 and got["entropy"] == pytest.approx(2.0)
-    speech = gather({"speech_mask"}, batch, {"speech_id_range": [4, 10]})["speech_mask"]
+    speech = gather({"speech_mask"}, batch)["speech_mask"]
     ids = batch.input_ids[:, 1:]
     assert torch.equal(speech, ((ids >= 4) & (ids < 10)).float() * batch.completion_mask)
+    assert speech.sum() == 11  # every generated id lies in [4, 10) but the first row's 3
     with pytest.raises(ValueError, match="peer_rewards"):
-        gather({"peer_rewards"}, batch, {})
+        gather({"peer_rewards"}, batch)
 
 
 def test_to_batch_fills_components_in_config_order_row_fields_and_group_by():
@@ -195,7 +211,7 @@ def test_drop_mode_update_is_exact_under_micro_batching():
 
 def test_pmi_is_the_log_prob_gap_between_the_prompt_with_and_without_evidence(tokenizer):
     from lmrl.envs import encode_prompt
-    from lmrl.learners.pmi import pmi
+    from lmrl.inputs.pmi import pmi
 
     m = tiny_llama(vocab_size=len(tokenizer), hidden=32, layers=2, heads=4, seed=0)
     learner = Learner(m, TrainerConfig(bf16=False))

@@ -217,7 +217,7 @@ class Attributed(Scripted):
 
 def test_delayed_attribution_with_eligibility_gating_by_hand(tok):
     from lmrl.algos.credit_assignment import turn_discounted
-    from lmrl.data.turn_rewards import turn_reward_row
+    from lmrl.inputs.credit import turn_reward_row
 
     engine = FixedEngine(tok("ab", add_special_tokens=False)["input_ids"], tok.eos_token_id)
     groups = run_episodes(engine, tok, rows(3), 2, SamplingParams(), Attributed(), Limits())

@@ -6,7 +6,7 @@ import torch
 
 from lmrl.algos import ADVANTAGES
 from lmrl.envs.bandit import BanditEnv, strategy_metrics
-from lmrl.data.turn_rewards import turn_reward_row
+from lmrl.inputs.credit import turn_reward_row
 from lmrl.envs.tools import ToolError, ToolUseEnv, calculate, parse_call
 from lmrl.types import Sample
 

@@ -7,11 +7,8 @@ import torch
 
 from lmrl.algos import ADVANTAGES, LOSSES
 from lmrl.config import build_config
-from lmrl.data import PROVIDERS, InputContext
-from lmrl.data.inputs import ProviderSpec
-from lmrl.learners.inputs import provided_inputs
+from lmrl.inputs import PROVIDERS, InputContext, ProviderSpec, provide, provided_inputs
 from lmrl.loops.batching import to_batch
-from lmrl.loops.providers import provide
 from lmrl.types import Group, Origin, Sample
 
 

@@ -21,7 +21,7 @@ import torch
 from lmrl.algos.advantages import ADVANTAGES, outcome_to_token_rewards
 from lmrl.algos.aggregation import AggScale
 from lmrl.algos.critic import explained_variance
-from lmrl.algos.inputs import gather, model_outputs_for, optional_inputs
+from lmrl.algos.gather import gather, model_outputs_for, optional_inputs
 from lmrl.algos.losses import LOSSES, LossInputs
 from lmrl.algos.guards import Guard
 from lmrl.algos.state import build_state
@@ -55,7 +55,7 @@ class Algorithm:
 
     @property
     def requires(self) -> set[str]:
-        """Per-sample inputs the estimator and the loss declare (see `algos/inputs.py`), and those the terms
+        """Per-sample inputs the estimator and the loss declare (see `algos/gather.py`), and those the terms
         declare an input provider fills (`TermSpec.provided`)."""
         provided = set().union(*(TERMS.spec(t.name).provided for t in self.terms))
         return set(self.advantage_spec.requires | self.loss_spec.requires | provided)
@@ -215,7 +215,7 @@ class Algorithm:
         metrics.update(shaped)
         knobs = self.advantage_knobs
         required = self.advantage_spec.requires
-        inputs = {**optional_inputs(self.advantage_fn, required, batch, knobs), **gather(required, batch, knobs)}
+        inputs = {**optional_inputs(self.advantage_fn, required, batch, knobs), **gather(required, batch)}
         batch.advantages = self.advantage_fn(token_rewards, batch.group_index, mask, **inputs, **knobs)
         if self.critic:
             metrics.update(self._critic_targets(batch, token_rewards))

@@ -4,7 +4,7 @@ A teacher context (registry `TEACHER_CONTEXTS`, chosen by the `distill` term's `
 `algo.terms`) is built once per run from its `context_params` (`build_teacher`) and called on each batch as `context(samples, rows, correct)`: the scored
 samples, their task rows and whether each one's accuracy reward is 1. It returns, per sample, None (no
 teacher) or a text the teacher prompt gets beyond the student's. The learner side
-(`lmrl.learners.teacher`) scores each completion under that prompt; the objective adds
+(`lmrl.inputs.teacher`) scores each completion under that prompt; the objective adds
 `coef · estimator(log π, log π_teacher)` on the tokens `distill_mask` selects (docs/methods/hindsearch.md).
 The contexts that call a judge register from `lmrl.rewards` (`rewards/hindsight_critique.py`): this
 module stays pure.

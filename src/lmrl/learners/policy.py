@@ -23,7 +23,7 @@ import math
 import torch
 
 from lmrl.algos.aggregation import UNIT_SCALE, AggScale
-from lmrl.algos.inputs import MODEL_OUTPUTS
+from lmrl.algos.gather import MODEL_OUTPUTS
 from lmrl.algos.logprobs import selected_logprobs
 from lmrl.algos.losses import LossInputs
 from lmrl.config import TrainerConfig

@@ -2,8 +2,7 @@
 inputs that the providers fill from the samples alone."""
 from __future__ import annotations
 
-from lmrl.data.inputs import InputContext
-from lmrl.loops.providers import provide
+from lmrl.inputs import InputContext, provide
 from lmrl.types import Batch, collate
 
 

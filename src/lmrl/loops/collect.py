@@ -10,13 +10,12 @@ from dataclasses import replace
 from functools import partial
 from statistics import mean
 
-from lmrl.data import InputContext
 from lmrl.data.samplers import sampler_metrics
 from lmrl.envs import expand_prompts, pooled, prompt_families, rollout
 from lmrl.eval.evaluator import evaluate
+from lmrl.inputs import InputContext, provide, requested_inputs
 from lmrl.loops.batching import to_batch
 from lmrl.loops.progress import StepProgress
-from lmrl.loops.providers import provide, requested_inputs
 from lmrl.loops.run_dir import RunDir
 from lmrl.loops.setup import Stages
 from lmrl.rewards.gaming import gaming_metrics

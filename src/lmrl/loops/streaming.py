@@ -22,9 +22,9 @@ import torch
 from lmrl.algos import AGGREGATIONS
 from lmrl.engines.workers import chunk_seeds, split_evenly
 from lmrl.data.samplers import sampler_metrics
+from lmrl.inputs import provide
 from lmrl.loops.batching import to_batch
 from lmrl.loops.collect import batch_inputs, roll_out_and_score
-from lmrl.loops.providers import provide
 from lmrl.loops.setup import Stages
 from lmrl.loops.source import BatchSource, Rollout
 from lmrl.types import Group

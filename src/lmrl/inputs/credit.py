@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from lmrl.data.inputs import PROVIDERS, InputContext
+from lmrl.inputs.registry import PROVIDERS, InputContext
 from lmrl.types import Batch, Sample
 
 

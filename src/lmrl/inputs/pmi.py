@@ -1,4 +1,5 @@
-"""Per-token pointwise mutual information of each completion with the prompt's evidence (P-GRPO's `pmi`).
+"""The `pmi` provider: per-token pointwise mutual information of each completion with the prompt's evidence
+(P-GRPO's `pmi`).
 
 PMI_t = log p(y_t | x, y<t) − log p(y_t | x⁻, y<t), where x⁻ is the prompt without its evidence:
 the task row's field named by the knob `pmi_field` (default "question_without_evidence"), encoded
@@ -10,13 +11,9 @@ from __future__ import annotations
 import torch
 
 from lmrl.envs import encode_prompt
+from lmrl.inputs.registry import PROVIDERS, InputContext
+from lmrl.inputs.vocabulary import pmi_field
 from lmrl.types import Batch, Sample, collate
-
-DEFAULT_PMI_FIELD = "question_without_evidence"
-
-
-def pmi_field(knobs: dict) -> str:
-    return knobs.get("pmi_field", DEFAULT_PMI_FIELD)
 
 
 def completion_logprobs(logp: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
@@ -45,3 +42,10 @@ def _completion_ids(batch: Batch, row: int) -> list[int]:
     """The generated token ids of a row: position t of the mask predicts token t+1."""
     positions = torch.nonzero(batch.completion_mask[row]).squeeze(1) + 1
     return batch.input_ids[row, positions].tolist()
+
+
+@PROVIDERS.register("pmi", "per-token PMI of each completion with its prompt's evidence",
+                    needs={"learner", "tokenizer", "rows", "cfg"})
+def pointwise_mutual_information(batch: Batch, ctx: InputContext) -> None:
+    batch.extras["pmi"] = pmi(batch, ctx.rows, ctx.learner, ctx.tokenizer, ctx.cfg.task.system_prompt,
+                              pmi_field(ctx.cfg.algo.advantage_params))

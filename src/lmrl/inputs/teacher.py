@@ -1,4 +1,5 @@
-"""Teacher log-probs for distillation from a privileged context (the distill term; contexts: algos/teacher.py).
+"""The `teacher_logp` provider: teacher log-probs for distillation from a privileged context (the distill
+term; contexts: algos/teacher.py).
 
 The teacher prompt is the sample's opening chat (an episode's messages before its first reply, or the
 single-turn prompt of its task row) with the context appended to the last user message
@@ -11,9 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from lmrl.algos.teacher import distill_mask, opening_end, with_context
+from lmrl.algos.teacher import DISTILL_INPUTS, distill_mask, opening_end, with_context
 from lmrl.envs import build_env, prompt_messages
 from lmrl.envs.chat import encode_opening
+from lmrl.inputs.registry import PROVIDERS, InputContext
 from lmrl.types import Batch, Sample, collate
 
 
@@ -49,3 +51,12 @@ def teacher_inputs(batch: Batch, samples: list[Sample], rows: list[dict], learne
             mask[i, dst:dst + n] = torch.tensor(distill_mask(samples[i], tokens), dtype=mask.dtype)
     batch.extras.update(teacher_logp=logp, teacher_mask=mask)
     batch.row_extras["has_teacher"] = torch.tensor([float(bool(text)) for text in texts])
+
+
+@PROVIDERS.register("teacher_logp", "the current policy's log-probs of each completion under its privileged-context "
+                    "teacher prompt, and the tokens distilled (the distill term)",
+                    provides=DISTILL_INPUTS | {"has_teacher"},
+                    needs={"learner", "tokenizer", "samples", "rows", "cfg", "algorithm"})
+def teacher_logprobs(batch: Batch, ctx: InputContext) -> None:
+    teacher_inputs(batch, ctx.samples, ctx.rows, ctx.learner, ctx.tokenizer, ctx.cfg, ctx.algorithm.built["distill"],
+                   ctx.algorithm.term("distill").settings["tokens"])

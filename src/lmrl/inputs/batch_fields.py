@@ -1,90 +1,13 @@
-"""Input providers: where each per-sample input an algorithm declares comes from.
-
-An estimator or loss declares the inputs it needs (`requires` in its registry declaration). A
-provider is registered under a name with the input names it fills (`provides`, by default its own
-name) and the fields of `InputContext` it reads (`needs`: the learner, the tokenizer, the task
-rows, …). The loop asks for the inputs the algorithm declares (`lmrl.loops.providers`): providers
-that need no learner run when the batch is assembled, those that need it just before
-`Algorithm.prepare`, in registration order. An `always` provider fills every batch, declared or
-not: its inputs are cheap, and estimators may read them as optional keyword inputs.
-
-This module holds the registry and the providers computed from the samples alone; those that run
-the model are in `lmrl.learners.inputs`. docs/architecture.md shows where they sit in the loop.
-"""
+"""The providers computed from the samples, the task rows and the config alone: they need no learner,
+so they run when the batch is assembled (`lmrl.loops.batching.to_batch`)."""
 from __future__ import annotations
-
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Any, Callable
 
 import torch
 
 from lmrl.algos.multi_reward import modality_mask
-from lmrl.algos.inputs import ROW_FIELD_INPUTS
-from lmrl.registry import Registry
-from lmrl.types import Batch, Group, Sample
-
-
-@dataclass
-class InputContext:
-    """What providers may read while one batch is built; each provider declares the fields it needs."""
-
-    cfg: Any  # the run's Config
-    groups: list[Group]  # the groups that enter the update, in batch order
-    requested: frozenset[str] = frozenset()  # the input names the algorithm declares
-    step: int | None = None
-    learner: Any = None
-    tokenizer: Any = None
-    algorithm: Any = None
-
-    @cached_property
-    def samples(self) -> list[Sample]:
-        """The batch's samples: each group's scored samples, in batch order."""
-        return [x for g in self.groups for x in g.scored]
-
-    @cached_property
-    def rows(self) -> list[dict]:
-        """The task row of each batch row."""
-        return [g.row for g in self.groups for _ in g.scored]
-
-
-CONTEXT_FIELDS = frozenset({"cfg", "groups", "requested", "step", "learner", "tokenizer", "algorithm", "samples",
-                            "rows"})
-
-
-@dataclass(frozen=True)
-class ProviderSpec:
-    provides: frozenset[str] = frozenset()  # input names it fills (and the views `algos.inputs.lookup` derives)
-    needs: frozenset[str] = frozenset()  # InputContext fields it reads; with "learner" it runs on the assembled batch
-    always: bool = False  # fills every batch, whether or not the algorithm declares its inputs
-
-    def __post_init__(self):
-        object.__setattr__(self, "provides", frozenset(self.provides))
-        object.__setattr__(self, "needs", frozenset(self.needs))
-        unknown = sorted(self.needs - CONTEXT_FIELDS)
-        if unknown:
-            raise TypeError(f"a provider needs InputContext fields; {unknown} are not among {sorted(CONTEXT_FIELDS)}")
-
-
-Provider = Callable[[Batch, InputContext], None]
-
-
-class ProviderRegistry(Registry):
-    """Providers by name. `provides` defaults to the name; `in_order` is the registration order, so a
-    provider may read what an earlier one filled."""
-
-    def __init__(self):
-        super().__init__("input provider", declares=ProviderSpec)
-
-    def register(self, name: str, description: str | None = None, **declaration: Any) -> Callable[[Provider], Provider]:
-        return super().register(name, description, **{"provides": {name}, **declaration})
-
-    def in_order(self) -> list[str]:
-        return list(self._items)
-
-
-PROVIDERS = ProviderRegistry()
-
+from lmrl.inputs.registry import PROVIDERS, InputContext
+from lmrl.inputs.vocabulary import ROW_FIELD_INPUTS
+from lmrl.types import Batch
 
 @PROVIDERS.register("step", "the training step and the run's total steps (batch context)",
                     provides={"step", "total_steps"}, needs={"cfg", "step"}, always=True)
@@ -106,15 +29,21 @@ def accuracy(batch: Batch, ctx: InputContext) -> None:
 
 
 @PROVIDERS.register("reward_components", "each reward component's score [B, K] in the order of reward.components "
-                    "(NaN where one gave none); `acoustic_rewards` is one of its columns",
-                    provides={"reward_components", "acoustic_rewards"}, needs={"cfg", "samples"}, always=True)
+                    "(NaN where one gave none); when declared, `acoustic_rewards` [B] is the column of the component "
+                    "named by the knob acoustic_component of algo.advantage_params (default \"acoustic\")",
+                    provides={"reward_components", "acoustic_rewards"}, needs={"cfg", "samples", "requested"},
+                    always=True)
 def reward_components(batch: Batch, ctx: InputContext) -> None:
     names = [c.name for c in ctx.cfg.reward.components]
     if not names:
         return
-    batch.row_extras["reward_components"] = torch.tensor(
+    scores = torch.tensor(
         [[float("nan") if x.rewards.get(n) is None else float(x.rewards[n]) for n in names] for x in ctx.samples])
+    batch.row_extras["reward_components"] = scores
     batch.context["reward_component_names"] = names
+    acoustic = ctx.cfg.algo.advantage_params.get("acoustic_component", "acoustic")
+    if "acoustic_rewards" in ctx.requested and acoustic in names:
+        batch.row_extras["acoustic_rewards"] = scores[:, names.index(acoustic)]
 
 
 def row_field_tensor(values: list, name: str) -> torch.Tensor:

@@ -1,0 +1,48 @@
+"""The providers that run the model: they need the learner (`ctx.learner`), so they run on the assembled
+batch, just before `Algorithm.prepare`."""
+from __future__ import annotations
+
+from lmrl.algos.gather import MODEL_OUTPUTS
+from lmrl.inputs.registry import PROVIDERS, InputContext
+from lmrl.stats import masked_mean
+from lmrl.types import Batch
+
+
+@PROVIDERS.register("rollout_logp", "behaviour log-probs: the engine's or the peer's; rows whose origin brings none "
+                    "(demonstrations) get the current policy's, so their importance ratio starts at 1",
+                    needs={"learner", "samples"}, always=True)
+def behaviour_logprobs(batch: Batch, ctx: InputContext) -> None:
+    rows = [i for i, x in enumerate(ctx.samples) if not x.origin.brings_logprobs]
+    if rows:
+        batch.behaviour_logprobs[rows] = ctx.learner.logprobs(batch, rows=rows)[rows]
+
+
+@PROVIDERS.register("ref_logp", "the frozen reference policy's log-probs", needs={"learner"})
+def reference_logprobs(batch: Batch, ctx: InputContext) -> None:
+    batch.extras["ref_logp"] = ctx.learner.logprobs(batch, reference=True)
+
+
+def estimate_entropy(batch: Batch) -> float:
+    """Token-mean of `token_entropy` over the generated tokens of the rows in the advantage estimate
+    (all rows unless `row_extras["in_advantage"]` leaves some out), as the estimator sees them."""
+    in_advantage = batch.row_extras.get("in_advantage")
+    if in_advantage is not None and not bool(in_advantage.all()):
+        batch = batch.select(in_advantage.nonzero().flatten().tolist())
+    return masked_mean(batch.extras["token_entropy"], batch.completion_mask)
+
+
+@PROVIDERS.register("model_outputs", "the model outputs the estimator reads, from a no-grad pass (value-head "
+                    "values, hidden states, exact token entropies, and their token-mean `entropy` in the context)",
+                    provides=MODEL_OUTPUTS | {"entropy"}, needs={"learner", "algorithm"})
+def model_outputs(batch: Batch, ctx: InputContext) -> None:
+    outputs = ctx.algorithm.prepare_outputs
+    if outputs:
+        batch.extras.update(ctx.learner.model_outputs(batch, outputs, ctx.algorithm.hidden_layer))
+    if "token_entropy" in batch.extras:
+        batch.context["entropy"] = estimate_entropy(batch)
+
+
+@PROVIDERS.register("old_logp", "the current policy's log-probs before the update (the learner recomputes them "
+                    "in `update` when the loss rejects tokens or takes several optimiser steps)", needs={"learner"})
+def old_logprobs(batch: Batch, ctx: InputContext) -> None:
+    batch.extras["old_logp"] = ctx.learner.logprobs(batch)
