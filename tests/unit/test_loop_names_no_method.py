@@ -1,5 +1,6 @@
 """The training loop names no method: no estimator, loss or reward name, and no kind of added sample or
-method-specific input, appears in the loop's modules (src/lmrl/loops/*.py). What differs between
+method-specific input, appears in the loop's modules (src/lmrl/loops/*.py, and the provider dispatch it
+calls, src/lmrl/inputs/registry.py). What differs between
 methods reaches the loop through registries, declarations and input providers (docs/architecture.md)."""
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from lmrl.algos import ADVANTAGES, LOSSES
 from lmrl.rewards import GROUP_REWARD_FNS, REWARD_FNS
 
 LOOPS = Path(__file__).resolve().parents[2] / "src" / "lmrl" / "loops"
+PROVIDER_DISPATCH = LOOPS.parent / "inputs" / "registry.py"
 KINDS = ("demonstration", "rescue", "peer", "pmi", "variant", "guided", "hint", "privileged")
 # Reward names that are also plain words of the loop: the task row's gold-answer field, the finish
 # reason of a rollout cut at max_new_tokens, and the metric of the share of such rollouts.
@@ -21,7 +23,7 @@ PLAIN_WORDS = {"answer", "length", "truncated"}
 
 
 def loop_files() -> list[Path]:
-    return sorted(LOOPS.glob("*.py"))
+    return sorted(LOOPS.glob("*.py")) + [PROVIDER_DISPATCH]
 
 
 def words(text: str) -> list[str]:
@@ -47,7 +49,7 @@ def named(path: Path, names: set[str]) -> list[str]:
 
 
 def test_the_loop_files_are_found():
-    assert {"loop.py", "collect.py", "setup.py", "providers.py", "batching.py"} <= {p.name for p in loop_files()}
+    assert {"loop.py", "collect.py", "setup.py", "registry.py", "batching.py"} <= {p.name for p in loop_files()}
 
 
 @pytest.mark.parametrize("path", loop_files(), ids=lambda p: p.name)
