@@ -92,9 +92,9 @@ def test_a_second_provider_of_an_input_is_refused(registered):
 
 
 @pytest.mark.parametrize("algo, error", [
-    ({"extra_terms": [{"name": "ref_gap_typo", "coef": 0.1}]},
-     "algo.extra_terms[0] (ref_gap_typo) reads inputs that no provider fills: 'ref_lgp' (did you mean 'ref_logp'?)"),
-    ({"extra_shapers": [{"name": "share_penalty"}], "extra_terms": [{"name": "ref_gap_typo", "coef": 0.1}]},
+    ({"terms": [{"name": "ref_gap_typo", "coef": 0.1}]},
+     "algo.terms[0] (ref_gap_typo) reads inputs that no provider fills: 'ref_lgp' (did you mean 'ref_logp'?)"),
+    ({"shaping": [{"name": "share_penalty"}], "terms": [{"name": "ref_gap_typo", "coef": 0.1}]},
      "'ref_lgp' (did you mean 'ref_logp'?)"),
     ({"advantage": "turn_typo_grpo"},
      "algo.advantage=turn_typo_grpo needs per-sample inputs ['turn_reward'] that the training loop does not provide "
@@ -107,7 +107,7 @@ def test_an_unknown_input_fails_at_config_time_with_the_nearest_name(registered,
 
 
 def test_a_provider_registered_here_feeds_a_training_step(registered, tmp_path):
-    cfg = toy_run_config(tmp_path, 2, algo={"extra_shapers": [{"name": "share_penalty", "params": {"coef": 0.5}}]})
+    cfg = toy_run_config(tmp_path, 2, algo={"shaping": [{"name": "share_penalty", "params": {"coef": 0.5}}]})
     tok = make_tokenizer()
     stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
     result = train(cfg, stages=stages)
