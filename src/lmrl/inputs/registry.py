@@ -74,8 +74,9 @@ class ProviderRegistry(Registry):
         super().__init__("input provider", declares=ProviderSpec)
 
     def register(self, name: str, description: str | None = None, **declaration: Any) -> Callable[[Provider], Provider]:
-        add = super().register(name, description, **{"provides": {name}, **declaration})
-        provides = self._declaration(name, {"provides": {name}, **declaration}).provides
+        declaration = {"provides": {name}, **declaration}
+        add = super().register(name, description, **declaration)
+        provides = frozenset(declaration["provides"])
 
         def checked(fn: Provider) -> Provider:
             taken = {n: other for other, spec in self._specs.items() if other != name for n in spec.provides & provides}
