@@ -45,7 +45,7 @@ def test_tool_env_answers_calls_rewards_format_and_ends_on_a_final_reply():
 
 
 def test_python_tool_runs_in_the_sandbox_and_a_timeout_is_an_error_observation():
-    env = ToolUseEnv(tools=["python"], tool_timeout_s=1.0)
+    env = ToolUseEnv(tools=["python"], tool_timeout_s=3.0)  # room for the sandbox's start on a busy machine
     _, state = env.reset({"question": "q"}, 0)
     step = env.step('<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>', state)
     assert step.observation[0]["content"].strip() == "42"
