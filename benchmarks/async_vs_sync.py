@@ -38,7 +38,7 @@ MODES = {"sync": ["trainer.threads=2"],
 
 
 def child(mode: str, steps: int, eval_every: int, num_eval: int, workdir: Path) -> dict:
-    from lmrl.config import load_config
+    from lmrl.loading import load_config
     from lmrl.loops import train
 
     cfg = load_config("quickstart", [*MODES[mode], f"trainer.steps={steps}", f"eval.every={eval_every}",

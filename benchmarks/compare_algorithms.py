@@ -32,7 +32,7 @@ PRESETS_OFF_TASK = {"gdpo", "rvpo", "xgrpo", "alpo", "prpo", "p_grpo", "prp"}  #
 
 
 def _config(preset: str, seed: int, steps: int, workdir: Path, extra: list[str], at_start: bool):
-    from lmrl.config import load_config
+    from lmrl.loading import load_config
 
     return load_config("quickstart", [f"algo.preset={preset}", f"trainer.seed={seed}", f"trainer.steps={steps}",
                                       f"run.output_dir={workdir}", f"run.name={preset}-seed{seed}",
@@ -192,7 +192,7 @@ def write_report(results: list[dict], out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lmrl.config import PRESETS
+    from lmrl.presets import PRESETS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--presets", nargs="*", default=sorted(set(PRESETS) - PRESETS_OFF_TASK))

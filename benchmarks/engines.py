@@ -37,9 +37,9 @@ GROUP = 8
 
 def rollout_throughput(new_tokens: int, repeats: int, bf16_setting: str, threads: str) -> tuple[dict, bool]:
     """Generated tokens/s of each engine at each size: {(engine, rows): [tok/s per repeat]}, and bf16 used."""
-    from lmrl.config import load_config
     from lmrl.engines import SamplingParams, build_engine
     from lmrl.envs.pieces import build_pieces
+    from lmrl.loading import load_config
     from lmrl.models.precision import resolve_bf16
     from lmrl.models.threads import apply_threads
 

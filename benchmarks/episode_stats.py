@@ -27,8 +27,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def stats(recipe: str, rows: int, n: int) -> str:
-    from lmrl.config import load_config
     from lmrl.envs import rollout
+    from lmrl.loading import load_config
     from lmrl.loops import build_stages
 
     cfg = load_config(recipe, [f"task.num_train={max(rows, 8)}", "task.num_eval=0", "eval.at_start=false"])

@@ -34,7 +34,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from lmrl.config import build_config
+from lmrl.loading import build_config
 from lmrl.loops import build_stages, train
 from lmrl.rewards import REWARD_FNS
 

@@ -30,8 +30,8 @@ def _distance(state: dict, sft: dict, rl: dict) -> float:
 def sweep(sft: str, rl: str, recipe: str = "quickstart", overrides: list[str] | None = None,
           lambdas: tuple[float, ...] = LAMBDAS, method: str = "linear") -> list[dict]:
     """One row per λ: the evaluation metrics of θ(λ) and its distance from the SFT endpoint."""
-    from lmrl.config import load_config
     from lmrl.eval.evaluator import evaluate
+    from lmrl.loading import load_config
     from lmrl.loops.setup import build_stages
     from lmrl.models.loading import load_model
     from lmrl.models.merging import merge_state_dicts, model_directories

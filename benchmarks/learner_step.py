@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from lmrl.config import load_config
 from lmrl.learners import Learner
+from lmrl.loading import load_config
 from lmrl.loops.setup import build_stages
 from lmrl.loops.batching import to_batch
 from lmrl.inputs import provide

@@ -36,7 +36,7 @@ MODES = {
 
 def child(mode: str, steps: int, lr: float, threads: str, workdir: Path) -> dict:
     """Train the quickstart in this process and return its measurements."""
-    from lmrl.config import load_config
+    from lmrl.loading import load_config
     from lmrl.loops import build_stages, train
 
     overrides = [*MODES[mode], f"trainer.steps={steps}", f"trainer.lr={lr}", f"trainer.threads={threads}",

@@ -141,7 +141,8 @@ def child_lmrl(spec: dict) -> None:
     chan = setup_child(spec)
     import torch
     import lmrl.loops.loop as step_loop
-    from lmrl.config import config_to_yaml, load_config
+    from lmrl.config import config_to_yaml
+    from lmrl.loading import load_config
     from lmrl.loops.setup import build_stages
 
     cfg = load_config("quickstart", lmrl_overrides(spec))
@@ -280,10 +281,10 @@ def child_trl(spec: dict) -> None:
     import trl
     from transformers import TrainerCallback
 
-    from lmrl.config import load_config
     from lmrl.data import SAMPLERS
     from lmrl.envs import prompt_messages
     from lmrl.envs.pieces import build_pieces
+    from lmrl.loading import load_config
     from lmrl.models import resolve_model_path
     from lmrl.rewards.functions import answers_match, final_answer
 

@@ -82,7 +82,7 @@ def toy_run_on_disk(tmp_path: Path) -> dict:
 
 def toy_run_config(tmp_path, steps, dataset=None, num_eval=8, num_train=56, **sections):
     """The tiny-model training config shared by the integration tests; `sections` update its sections."""
-    from lmrl.config import build_config
+    from lmrl.loading import build_config
     from lmrl.rewards import REWARD_FNS
 
     if "contains_7" not in REWARD_FNS:

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmrl.config import Config, ConfigError, build_config
+from lmrl.config import Config, ConfigError
+from lmrl.loading import build_config
 from lmrl.loops.loop import RunResult
 from lmrl.recipe_files import merge_trees, parse_override, read_recipe, recipe_path
 

@@ -14,8 +14,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from lmrl import __version__
-from lmrl.config import Config, ConfigError, config_to_yaml, load_config, load_run_config
+from lmrl.config import Config, ConfigError, config_to_yaml
 from lmrl.errors import RewardErrorRate
+from lmrl.loading import load_config, load_run_config
 from lmrl.recipe_files import RECIPES_DIR
 from lmrl.presets import PRESETS
 

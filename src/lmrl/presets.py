@@ -2,7 +2,7 @@
 
 A preset is a `Preset` record in the `PRESETS` registry, so `lmrl list algos`, the config's name
 check and the validation's derived checks read the same table. Expanding `algo.preset` fills only
-the settings the user left unset (config.build_config). This module imports no torch.
+the settings the user left unset (loading.build_config). This module imports no torch.
 """
 from __future__ import annotations
 

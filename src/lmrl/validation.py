@@ -23,13 +23,13 @@ from lmrl.data.demonstrations import SAMPLE_SOURCES, source_params, template_fie
 from lmrl.engines import ENGINES
 from lmrl.engines.weight_sync import WEIGHT_TRANSPORTS
 from lmrl.envs import ENVIRONMENTS, TASKS
-from lmrl.eval.trackers import check_trackers
 from lmrl.inputs import provided_inputs
 from lmrl.inputs.vocabulary import (ALIASES, INPUT_KNOBS, ROW_FIELD_INPUTS, STEP_FIELDS, pmi_field,
                                     unknown_inputs_message)
 from lmrl.presets import PRESETS
 from lmrl.registry import KnobError, check_knobs
 from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
+from lmrl.trackers import check_trackers
 
 # Row fields the loop adds only when a setting asks for them: field -> that setting.
 SETTING_FIELDS = {"prompt_variant": "task.prompt_variants"}
@@ -95,7 +95,7 @@ def _env_reward(cfg: Config) -> None:
 
 
 def _trackers(cfg: Config) -> None:
-    """Trackers registered and their packages installed, before a run starts (eval/trackers.py)."""
+    """Trackers registered and their packages installed, before a run starts (trackers.py)."""
     check_trackers(cfg.run.trackers)
 
 

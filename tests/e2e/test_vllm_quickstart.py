@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from lmrl.config import load_config
+from lmrl.loading import load_config
 from lmrl.loops import train
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,

@@ -11,7 +11,7 @@ import json
 import torch
 
 from conftest import make_tokenizer
-from lmrl.config import build_config
+from lmrl.loading import build_config
 from lmrl.loops import build_stages, train
 from lmrl.models import tiny_llama
 

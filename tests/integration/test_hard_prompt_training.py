@@ -46,7 +46,7 @@ def test_knowrl_hints_roll_failed_prompts_again_with_their_knowledge_points(tmp_
 
 
 def test_knowrl_css_chooses_each_rows_points_with_the_policy(tmp_path):
-    """The offline search (`python -m lmrl.data.hints`): every row gets a non-empty subset of its points, the
+    """The offline search (`python -m lmrl.task_files hints`): every row gets a non-empty subset of its points, the
     rollouts scored by the run's reward; a row without points is left as it is."""
     import torch
 

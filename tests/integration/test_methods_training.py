@@ -138,10 +138,10 @@ def test_peer_rollouts_train_with_their_sequence_importance_weight(tmp_path):
 
 
 def test_peer_file_from_another_model_feeds_prp(tmp_path):
-    """`python -m lmrl.data.peers` writes the recipe's training rows with a saved model's rollouts and
+    """`python -m lmrl.task_files peers` writes the recipe's training rows with a saved model's rollouts and
     their summed behaviour log-probs; the file is a task the prp preset trains on."""
-    from lmrl.data.peers import main as write_peers
     from lmrl.loops.collect import collect_groups
+    from lmrl.task_files import main as write_task_file
 
     tok = make_tokenizer()
     peer_dir = tmp_path / "peer"
@@ -150,7 +150,8 @@ def test_peer_file_from_another_model_feeds_prp(tmp_path):
     recipe = tmp_path / "toy.yaml"
     recipe.write_text(json.dumps(toy_run_config(tmp_path, 2).model_dump(mode="json")))
     out = tmp_path / "peers.jsonl"
-    assert write_peers([str(recipe), str(out), "--model", str(peer_dir), "--samples", "3", "--rows", "5"]) == 0
+    argv = ["peers", str(recipe), str(out), "--model", str(peer_dir), "--samples", "3", "--rows", "5"]
+    assert write_task_file(argv) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 5 and all(len(r["peer_rollouts"]) == 3 for r in rows)
     assert all(p["logprob"] < 0 and isinstance(p["text"], str) for r in rows for p in r["peer_rollouts"])

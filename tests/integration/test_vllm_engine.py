@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from conftest import make_tokenizer, toy_run_config
-from lmrl.config import ConfigError, build_config
+from lmrl.config import ConfigError
 from lmrl.engines import HFEngine, SamplingParams
+from lmrl.loading import build_config
 from lmrl.models import tiny_llama, tiny_model
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,

@@ -7,7 +7,8 @@ import torch
 
 from lmrl.algos import ADVANTAGES, Algorithm
 from lmrl.algos.controllers import pipo_verdict
-from lmrl.config import AlgoConfig, ConfigError, build_config
+from lmrl.config import AlgoConfig, ConfigError
+from lmrl.loading import build_config
 from lmrl.validation import check_names
 from lmrl.types import Sample, collate
 

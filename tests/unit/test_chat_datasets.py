@@ -6,9 +6,10 @@ import json
 import pytest
 
 from conftest import make_tokenizer
-from lmrl.config import TaskConfig, build_config
+from lmrl.config import TaskConfig
 from lmrl.envs import TaskError, load_task, prepare_data, prompt_messages
 from lmrl.envs.single_turn import add_prompt_variants
+from lmrl.loading import build_config
 
 SYSTEM = "be brief."
 WITH_SYSTEM = [{"role": "system", "content": "you are a calculator."},

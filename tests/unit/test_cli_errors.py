@@ -9,7 +9,8 @@ import pytest
 
 from conftest import write_toy_task
 from lmrl import cli
-from lmrl.config import ConfigError, load_config
+from lmrl.config import ConfigError
+from lmrl.loading import load_config
 
 
 def one_line_error(capsys) -> str:

@@ -2,7 +2,8 @@
 import pytest
 
 from lmrl import cli
-from lmrl.config import ConfigError, build_config, load_config
+from lmrl.config import ConfigError
+from lmrl.loading import build_config, load_config
 from lmrl.recipe_files import parse_override
 from lmrl.validation import check_names
 from lmrl.presets import PRESETS, Preset

@@ -16,7 +16,7 @@ from lmrl.algos.controllers import (
     acrl_next_band,
     pipo_verdict,
 )
-from lmrl.config import build_config
+from lmrl.loading import build_config
 from lmrl.validation import check_names
 
 

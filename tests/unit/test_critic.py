@@ -9,7 +9,8 @@ from lmrl.algos import ADVANTAGES, Algorithm
 from lmrl.algos.advantages import masked_whiten
 from lmrl.algos.critic import clipped_value_loss, explained_variance, gae_advantages_returns
 from lmrl.algos.losses import LossInputs
-from lmrl.config import AlgoConfig, ConfigError, build_config
+from lmrl.config import AlgoConfig, ConfigError
+from lmrl.loading import build_config
 from lmrl.validation import check_names
 from lmrl.types import Batch
 

@@ -6,9 +6,10 @@ import pytest
 
 from conftest import make_tokenizer, tiny_llama
 from lmrl import cli
-from lmrl.config import ConfigError, TaskConfig, build_config, load_config
+from lmrl.config import ConfigError, TaskConfig
 from lmrl.envs import load_task, prepare_data
 from lmrl.envs.tasks import TaskError
+from lmrl.loading import build_config, load_config
 
 
 def rows_file(path, n, start=0):

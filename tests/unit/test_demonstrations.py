@@ -8,9 +8,10 @@ import torch
 from conftest import make_tokenizer
 from lmrl.algos import Algorithm, LossInputs
 from lmrl.algos.aggregation import AggScale
-from lmrl.config import AlgoConfig, ConfigError, RewardConfig, build_config
+from lmrl.config import AlgoConfig, ConfigError, RewardConfig
 from lmrl.data import SAMPLE_SOURCES
 from lmrl.data.demonstrations import template_fields
+from lmrl.loading import build_config
 from lmrl.rewards import RewardScorer
 from lmrl.types import Group, Origin, Sample
 

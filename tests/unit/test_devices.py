@@ -7,9 +7,10 @@ import torch
 
 from conftest import make_tokenizer, toy_run_config
 from lmrl.algos import Algorithm
-from lmrl.config import AlgoConfig, ConfigError, TrainerConfig, config_to_yaml, load_config, load_run_config
+from lmrl.config import AlgoConfig, ConfigError, TrainerConfig, config_to_yaml
 from lmrl.learners import Learner
 from lmrl.learners.checkpoint import load_checkpoint, save_checkpoint
+from lmrl.loading import load_config, load_run_config
 from lmrl.models.checkpoint_dirs import latest_checkpoint
 from lmrl.loops import build_stages, train
 from lmrl.loops.batching import to_batch

@@ -8,7 +8,7 @@ import torch
 from algo_helpers import adv, seq
 from algo_helpers import run_estimator as run
 from lmrl.algos.entropy_control import GroupEntropyStats, entrocraft_mode, entropy_bounds, gepo_shape, group_token_mean
-from lmrl.config import build_config
+from lmrl.loading import build_config
 from lmrl.validation import check_names
 
 

@@ -13,7 +13,7 @@ from fractions import Fraction
 
 import pytest
 
-from lmrl.config import load_config
+from lmrl.loading import load_config
 from lmrl.recipe_files import RECIPES_DIR
 from lmrl.rewards import REWARD_FNS
 from lmrl.types import Sample

@@ -12,8 +12,9 @@ from safetensors.torch import load_file
 from conftest import make_tokenizer, toy_run_config
 from lmrl.algos.algorithm import Algorithm
 from lmrl.algos.guards import Guard, GuardError, bad_signals, ratio_outside, Verdict
-from lmrl.config import AlgoConfig, GuardConfig, load_config
+from lmrl.config import AlgoConfig, GuardConfig
 from lmrl.learners.checkpoint import list_checkpoints, load_checkpoint
+from lmrl.loading import load_config
 from lmrl.loops import RunResult, build_stages, loop as step_loop, train
 from lmrl.loops.run_dir import RunDir
 from lmrl.loops.run_state import RunState

@@ -6,10 +6,11 @@ import pytest
 
 from conftest import make_tokenizer
 from lmrl.algos import Algorithm
-from lmrl.config import ConfigError, build_config
+from lmrl.config import ConfigError
 from lmrl.data import SAMPLE_SOURCES
 from lmrl.data.demonstrations import load_source_state, source_state
 from lmrl.data.guidance import search_hints, select_hints
+from lmrl.loading import build_config
 from lmrl.rewards import REWARD_FNS, RewardScorer
 from lmrl.types import Group, Origin, Sample
 from lmrl.validation import check_row_fields

@@ -257,7 +257,7 @@ def test_built_from_recipe_params_without_touching_the_network():
 
 
 def test_shipped_recipe_builds_its_judge():
-    from lmrl.config import load_config
+    from lmrl.loading import load_config
 
     judge = RewardScorer(load_config("judge_rubric").reward).components[0].call
     assert judge.client.url == "http://127.0.0.1:8000/v1/chat/completions" and not judge.per_criterion

@@ -10,10 +10,11 @@ from transformers import AutoModelForCausalLM
 
 from conftest import make_tokenizer, toy_run_config
 from lmrl import cli
-from lmrl.config import ConfigError, LoraConfig, TrainerConfig, load_config
+from lmrl.config import ConfigError, LoraConfig, TrainerConfig
 from lmrl.engines import HFEngine, SamplingParams
 from lmrl.learners import Learner
 from lmrl.learners.checkpoint import list_checkpoints, load_checkpoint
+from lmrl.loading import load_config
 from lmrl.loops import build_stages, train
 from lmrl.models import tiny_llama
 from lmrl.models.lora import apply_lora, frozen_base_in_bf16

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from lmrl.config import Config, load_config
+from lmrl.config import Config
+from lmrl.loading import load_config
 from lmrl.recipe_files import parse_override
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "migration.md"

@@ -11,9 +11,10 @@ from lmrl.algos import Algorithm
 from lmrl.algos.aggregation import AggScale
 from lmrl.algos.gather import gather
 from lmrl.algos.losses import LossInputs
-from lmrl.config import AlgoConfig, TrainerConfig, build_config
+from lmrl.config import AlgoConfig, TrainerConfig
 from lmrl.inputs import InputContext, provide
 from lmrl.learners import Learner, load_checkpoint, save_checkpoint
+from lmrl.loading import build_config
 from lmrl.loops.batching import to_batch
 from lmrl.models import tiny_llama
 from lmrl.types import Group, Sample, collate
@@ -247,7 +248,8 @@ def test_optional_inputs_reach_the_estimator_p_grpo_ramp():
 
 
 def test_task_fields_an_estimator_reads_must_be_in_every_training_row():
-    from lmrl.config import ConfigError, build_config
+    from lmrl.config import ConfigError
+    from lmrl.loading import build_config
     from lmrl.validation import check_row_fields
 
     cfg = build_config({"algo": {"preset": "xgrpo"}})

@@ -184,14 +184,16 @@ def test_user_environment_from_a_file(tmp_path, tok):
 
 
 def test_an_unknown_environment_is_a_config_error():
-    from lmrl.config import ConfigError, load_config
+    from lmrl.config import ConfigError
+    from lmrl.loading import load_config
 
     with pytest.raises(ConfigError, match="did you mean 'bandit'"):
         load_config("quickstart", ["env.name=bandt"])
 
 
 def test_an_environment_without_the_env_reward_is_a_config_error():
-    from lmrl.config import ConfigError, load_config
+    from lmrl.config import ConfigError
+    from lmrl.loading import load_config
 
     with pytest.raises(ConfigError, match="no `env` component"):
         load_config("quickstart", ["env.name=bandit"])

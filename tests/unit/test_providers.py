@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from lmrl.algos import ADVANTAGES, LOSSES
-from lmrl.config import build_config
 from lmrl.inputs import PROVIDERS, InputContext, ProviderSpec, provide, provided_inputs
+from lmrl.loading import build_config
 from lmrl.loops.batching import to_batch
 from lmrl.types import Group, Origin, Sample
 

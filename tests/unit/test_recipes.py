@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmrl.config import ConfigError, load_config
+from lmrl.config import ConfigError
+from lmrl.loading import load_config
 from lmrl.recipe_files import RECIPES_DIR, merge_trees, read_recipe, read_yaml, recipe_path
 from lmrl.validation import check_names
 

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from lmrl.algos import AGGREGATIONS, LOSSES, AggScale, LossInputs
-from lmrl.config import ConfigError, build_config
+from lmrl.config import ConfigError
 from lmrl.data import SAMPLE_SOURCES
 from lmrl.data.replay import rollout_records
+from lmrl.loading import build_config
 from lmrl.loops.run_dir import RunDir
 from lmrl.rewards import GROUP_REWARD_FNS, REWARD_FNS
 from lmrl.rewards.coact import coact_route

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from lmrl import cli
-from lmrl.config import ConfigError, check_resume_config, config_to_yaml, load_config, load_run_config
+from lmrl.config import ConfigError, check_resume_config, config_to_yaml
+from lmrl.loading import load_config, load_run_config
 
 
 def make_run(tmp_path: Path, recipe: str = "gspo", overrides: tuple[str, ...] = ("trainer.steps=6",)) -> Path:

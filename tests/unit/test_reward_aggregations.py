@@ -132,7 +132,7 @@ def test_scorer_with_normalize_sum_matches_the_function():
 
 @pytest.mark.parametrize("recipe", ["abstention", "multi_objective"])
 def test_recipes_validate_and_score(recipe):
-    from lmrl.config import load_config
+    from lmrl.loading import load_config
     from lmrl.validation import check_names
 
     cfg = load_config(recipe)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lmrl import cli
-from lmrl.config import ConfigError, build_config
+from lmrl.config import ConfigError
+from lmrl.loading import build_config
 from lmrl.registry import KnobError, check_knobs
 from lmrl.rewards import REWARD_FNS
 from lmrl.types import Sample

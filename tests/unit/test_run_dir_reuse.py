@@ -5,7 +5,7 @@ import json
 import pytest
 
 from lmrl import cli
-from lmrl.config import build_config
+from lmrl.loading import build_config
 from lmrl.loops.run_dir import RunDir
 
 

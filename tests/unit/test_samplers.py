@@ -6,7 +6,7 @@ import pickle
 import pytest
 import torch
 
-from lmrl.config import ConfigError, build_config
+from lmrl.config import ConfigError
 from lmrl.data import SAMPLERS
 from lmrl.data.adaptive import CurriculumSampler, HiveSampler, difficulty_ranks, entropy_filter, history_filter
 from lmrl.data.heapa import HeapaSampler
@@ -14,6 +14,7 @@ from lmrl.data.probe import EntropyProbe
 from lmrl.data.prompt_stats import PromptStats
 from lmrl.data.rail import ARMS, LinearBandit, RailSampler
 from lmrl.engines import HFEngine, SamplingParams
+from lmrl.loading import build_config
 from lmrl.models import tiny_llama
 from lmrl.types import Group, Sample
 

@@ -4,8 +4,9 @@ import json
 import pytest
 
 from conftest import make_tokenizer
-from lmrl.config import TaskConfig, build_config
+from lmrl.config import TaskConfig
 from lmrl.envs import TaskError, encode_rows, load_task, prepare_data
+from lmrl.loading import build_config
 
 
 def test_reasoning_gym_task_has_disjoint_held_out_rows():

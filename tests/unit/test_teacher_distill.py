@@ -7,11 +7,12 @@ import torch
 
 from lmrl.algos import AggScale, Algorithm, LossInputs
 from lmrl.algos.teacher import distill_mask
-from lmrl.config import AlgoConfig, ConfigError, TrainerConfig, build_config
+from lmrl.config import AlgoConfig, ConfigError, TrainerConfig
 from lmrl.envs.chat import encode_opening, observation_ids
 from lmrl.learners.policy import Learner
 from lmrl.inputs.teacher import teacher_inputs
 from lmrl.inputs import requested_inputs
+from lmrl.loading import build_config
 from lmrl.models import tiny_llama
 from lmrl.rewards.hindsight_critique import HindsightCritique
 from lmrl.rewards.judge_client import JudgeError

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from lmrl.config import ConfigError, build_config
-from lmrl.eval import trackers as trackers_mod
-from lmrl.eval.trackers import TRACKERS, Trackers, check_trackers, clean_metrics, sample_table
+from lmrl.config import ConfigError
+from lmrl.loading import build_config
+import lmrl.trackers as trackers_mod
+from lmrl.trackers import TRACKERS, Trackers, check_trackers, clean_metrics, sample_table
 
 CONFIG = {"recipe": "toy", "task": {"name": "jsonl", "params": {}, "system_prompt": None},
           "trainer": {"lr": 0.003, "betas": [0.9, 0.999]}, "run": {"trackers": ["x"]}}

@@ -8,8 +8,9 @@ import pytest
 
 from lmrl import cli, config
 from lmrl.algos import ADVANTAGES, LOSSES
-from lmrl.config import ConfigError, build_config
+from lmrl.config import ConfigError
 from lmrl import validation
+from lmrl.loading import build_config
 from lmrl.validation import CONFIG_STAGES, PIPELINE, check_row_fields
 from lmrl.presets import PRESETS, preset
 from lmrl.registry import UserCodeError

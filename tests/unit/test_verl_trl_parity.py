@@ -10,8 +10,9 @@ import torch
 from lmrl.algos import ADVANTAGES, Algorithm
 from lmrl.algos.advantages import discounted_returns, outcome_to_token_rewards
 from lmrl.algos.critic import gae_advantages_returns
-from lmrl.config import AlgoConfig, ConfigError, TrainerConfig, load_config
+from lmrl.config import AlgoConfig, ConfigError, TrainerConfig
 from lmrl.learners import Learner
+from lmrl.loading import load_config
 from lmrl.models import tiny_llama
 from lmrl.types import Sample, collate
 

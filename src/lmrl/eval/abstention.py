@@ -122,11 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     """Greedy held-out evaluation with §4.4 metrics, then optional self-cascading of the abstentions."""
     import torch
 
-    from lmrl.config import load_config
     from lmrl.engines import SamplingParams
     from lmrl.envs import rollout
     from lmrl.envs.pieces import build_pieces
     from lmrl.eval.evaluator import evaluate
+    from lmrl.loading import load_config
     from lmrl.rewards import RewardScorer
 
     p = argparse.ArgumentParser(prog="python -m lmrl.eval.abstention", description=main.__doc__)

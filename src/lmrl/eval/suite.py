@@ -19,12 +19,13 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from lmrl.config import Config, ConfigError, EnvConfig, EvalConfig, load_config
+from lmrl.config import Config, ConfigError, EnvConfig, EvalConfig
 from lmrl.eval.abstention import DETECTOR_KEYS, abstention_params
 from lmrl.eval.evaluator import correct_flags, episode_metrics, held_out_replies
 from lmrl.eval.metrics import (abstention_metrics, distinct_n, expected_calibration_error, majority, pass_at_k,
                                risk_coverage)
 from lmrl.eval.suite_report import json_safe
+from lmrl.loading import load_config
 from lmrl.rewards.gaming import restated_question
 from lmrl.rewards.group import answer_classes, sample_answer
 from lmrl.rewards.shaped import is_abstention

@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmrl.config import Config, check_resume_config, load_run_config
+from lmrl.config import Config, check_resume_config
 from lmrl.dist import Parallel
-from lmrl.eval.trackers import Trackers
 from lmrl.learners.checkpoint import clean_partial
+from lmrl.loading import load_run_config
 from lmrl.loops.background import BackgroundSource
 from lmrl.loops.collect import evaluate_now, learn, log_inputs_order, rollout_metrics, sample_row
 from lmrl.loops.inline import InlineSource
@@ -26,6 +26,7 @@ from lmrl.loops.source import BatchSource
 from lmrl.loops.stopping import stop_reason
 from lmrl.loops.streaming import learn_streamed
 from lmrl.models.threads import apply_threads
+from lmrl.trackers import Trackers
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any
 
 from lmrl.config import Config, config_to_yaml
 from lmrl.data.replay import rollout_records
-from lmrl.eval.trackers import Trackers
+from lmrl.trackers import Trackers
 from lmrl.types import Group
 
 

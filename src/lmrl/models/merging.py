@@ -16,6 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from pydantic import ValidationError
+
+from lmrl.config import ConfigError, ModelConfig
+from lmrl.recipe_files import read_yaml
 
 METHODS = ("linear", "slerp", "task_arithmetic")
 PARALLEL = 0.9995  # |cos| above this: SLERP falls back to linear (the angle is too small to divide by)
@@ -148,6 +152,17 @@ def _checkpoint_of(path: Path) -> Path | None:
     return None
 
 
+def _run_model(run_dir: Path) -> ModelConfig:
+    """The model section of the config a run was started with (`run_dir/config.yaml`)."""
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        raise ConfigError(f"{run_dir}: no config.yaml there, so it is not an lmrl run directory")
+    try:
+        return ModelConfig.model_validate(read_yaml(path).get("model", {}))
+    except ValidationError as err:
+        raise ConfigError(f"{path}: invalid model section: {err}") from None
+
+
 @contextmanager
 def model_directories(sources: Sequence[str]) -> Iterator[list[Path]]:
     """Transformers directories for model arguments, run or checkpoint directories, while in the block.
@@ -156,7 +171,6 @@ def model_directories(sources: Sequence[str]) -> Iterator[list[Path]]:
     its adapters folded into the base (`lora.export_merged`, its run's `model.path` and
     `model.lora`) into a temporary directory removed afterwards.
     """
-    from lmrl.config import load_run_config
     from lmrl.models.loading import resolve_model_path
     from lmrl.models.lora import ADAPTER_FILE, export_merged
 
@@ -168,8 +182,8 @@ def model_directories(sources: Sequence[str]) -> Iterator[list[Path]]:
             if ckpt is None:
                 dirs.append(resolve_model_path(source))
             elif (ckpt / "model" / ADAPTER_FILE).exists():
-                cfg = load_run_config(ckpt.parent.parent)
-                dirs.append(export_merged(ckpt / "model", cfg.model.path, cfg.model.lora, Path(tmp) / str(i)))
+                model = _run_model(ckpt.parent.parent)
+                dirs.append(export_merged(ckpt / "model", model.path, model.lora, Path(tmp) / str(i)))
             else:
                 dirs.append(ckpt / "model")
         yield dirs

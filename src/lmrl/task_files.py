@@ -1,0 +1,91 @@
+"""Task files written with a model before training, from a recipe and its overrides:
+
+    python -m lmrl.task_files peers RECIPE OUT.jsonl --model PEER [--samples 4] [--rows N] [overrides]
+    python -m lmrl.task_files hints RECIPE OUT.jsonl [overrides] [--samples 8] [--delta 0.03] [--rows N]
+
+`peers`: the recipe's training rows with another model's rollouts, for Mutual RL's PRP
+(`data.demonstrations: peers`, lmrl.data.peers). `hints`: each row's knowledge points chosen by the
+recipe's own policy, for KnowRL (`data.demonstrations: hints`, lmrl.data.hints). Each command loads
+the config, the model and the task as a run would, then writes one JSON line per training row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def policy_and_rows(cfg, rows: int | None):
+    """The config's model as an engine, its tokenizer, the first `rows` training rows and the seeded generator."""
+    import torch
+
+    from lmrl.envs.pieces import build_pieces
+
+    pieces = build_pieces(cfg)
+    train = pieces.train_rows[:rows] if rows else pieces.train_rows
+    return pieces.engine, pieces.tokenizer, train, torch.Generator().manual_seed(cfg.trainer.seed)
+
+
+def write_rows(out: Path, rows: list[dict]) -> None:
+    out.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+
+
+def peers(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    from lmrl.data.peers import peer_rows
+    from lmrl.loading import load_config
+
+    if a.samples < 1 or (a.rows is not None and a.rows < 1):
+        p.error("--samples and --rows must be >= 1")
+    cfg = load_config(a.recipe, [*a.overrides, f"model.path={a.model}"])
+    engine, tokenizer, train, generator = policy_and_rows(cfg, a.rows)
+    rows = peer_rows(cfg, train, engine, tokenizer, a.samples, generator)
+    write_rows(a.out, rows)
+    print(f"{len(rows)} prompts × {a.samples} peer rollouts written to {a.out}")
+    return 0
+
+
+def hints(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    from lmrl.data.demonstrations import source_params
+    from lmrl.data.hints import choose_hints
+    from lmrl.loading import load_config
+
+    cfg = load_config(a.recipe, [*a.overrides, "data.demonstrations=hints"])
+    if not source_params(cfg).selected:
+        p.error("data.source_params.selected names no field to write the chosen indices to")
+    engine, tokenizer, train, generator = policy_and_rows(cfg, a.rows)
+    rows = choose_hints(cfg, train, engine, tokenizer, a.samples, a.delta, generator)
+    write_rows(a.out, rows)
+    print(f"{len(rows)} prompts with their chosen hints written to {a.out}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lmrl.task_files", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    pe = sub.add_parser("peers", help="the recipe's training rows with a peer model's rollouts (PRP)")
+    pe.add_argument("recipe")
+    pe.add_argument("out", type=Path)
+    pe.add_argument("overrides", nargs="*", help="config overrides of the recipe, e.g. rollout.temperature=0.8")
+    pe.add_argument("--model", required=True, help="the peer: a model directory, .gguf file or 'default'")
+    pe.add_argument("--samples", type=int, default=4, help="rollouts per prompt")
+    pe.add_argument("--rows", type=int, help="only the first ROWS training prompts")
+    pe.set_defaults(fn=peers, sub=pe)
+    hi = sub.add_parser("hints", help="each training row's knowledge points chosen by the policy (KnowRL)")
+    hi.add_argument("recipe")
+    hi.add_argument("out", type=Path)
+    hi.add_argument("overrides", nargs="*", help="config overrides of the recipe, e.g. model.path=...")
+    hi.add_argument("--samples", type=int, default=8, help="rollouts per prompt and subset")
+    hi.add_argument("--delta", type=float, default=0.03, help="accuracy a subset may lose against all points")
+    hi.add_argument("--rows", type=int, help="only the first ROWS training prompts")
+    hi.set_defaults(fn=hints, sub=hi)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    return a.fn(a.sub, a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
