@@ -24,7 +24,6 @@ from functools import lru_cache
 from typing import Any
 
 from lmrl.rewards.judge_client import JudgeClient
-from lmrl.serve import ChatService
 
 
 def load_local(path: str, device: str = "cpu") -> tuple[Any, Any]:
@@ -45,6 +44,8 @@ class LocalUser:
 
     def __init__(self, model: Any = "default", tokenizer: Any = None, device: str = "cpu",
                  max_tokens_limit: int = 1024):
+        from lmrl.serve import ChatService  # the engines import transformers: not at `import lmrl.envs`
+
         if isinstance(model, (str, os.PathLike)):
             model, tokenizer = load_local(str(model), device)
         elif tokenizer is None:
