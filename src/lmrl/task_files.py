@@ -61,7 +61,8 @@ def hints(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lmrl.task_files", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lmrl.task_files", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     pe = sub.add_parser("peers", help="the recipe's training rows with a peer model's rollouts (PRP)")
     pe.add_argument("recipe")
