@@ -295,7 +295,7 @@ class Config(Section):
     dist: DistConfig = Field(default_factory=DistConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
 
-    # dotted keys the preset filled in (build_config): with the field defaults, what the user did not choose
+    # dotted keys the preset filled in (loading.build_config): with the field defaults, what the user did not choose
     _preset_filled: frozenset[str] = PrivateAttr(default=frozenset())
     # what loading said: a list an override or the recipe replaced, a key spelled as an earlier version did
     _notes: tuple[str, ...] = PrivateAttr(default=())

@@ -9,7 +9,8 @@ import yaml
 
 from lmrl.algos.shapers import active_shapers
 from lmrl.algos.terms import active_terms
-from lmrl.config import ConfigError, build_config, load_config, load_run_config
+from lmrl.config import ConfigError
+from lmrl.loading import build_config, load_config, load_run_config
 from lmrl.recipe_files import migrate_keys
 
 

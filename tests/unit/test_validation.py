@@ -166,7 +166,7 @@ def test_dry_run_refuses_an_impossible_combination_before_any_model_loads(capsys
 
 
 def test_a_probing_sampler_in_the_asynchronous_loop_is_refused_before_any_model_loads():
-    from lmrl.config import build_config
+    from lmrl.loading import build_config
 
     with pytest.raises(ConfigError, match="data.sampler=hive probes prompts with the learner's current policy"):
         build_config({"data": {"sampler": "hive"}, "rollout": {"max_staleness": 1}})
