@@ -1,5 +1,5 @@
 """Every entry point that runs the policy puts it on the device `trainer.device` resolves to: training
-stages, `lmrl eval`, `lmrl.evaluate`, the abstention evaluation and the data scripts through
+stages, `lmrl eval`, `lmrl.evaluate`, the abstention evaluation and the task-file commands through
 `envs.pieces.build_pieces`, `lmrl serve --device` through the same resolver. With the resolver
 answering "meta", the model each entry point would generate with (or serve) is on meta."""
 from __future__ import annotations
@@ -50,7 +50,7 @@ def recipe(tmp_path, tiny_model_dir):
 
 
 def test_training_stages_put_the_model_on_the_resolved_device(recipe, devices_seen):
-    from lmrl.config import load_config
+    from lmrl.loading import load_config
     from lmrl.loops import build_stages
 
     stages = build_stages(load_config(str(recipe)))
@@ -67,7 +67,7 @@ def test_lmrl_eval_generates_on_the_resolved_device(recipe, devices_seen):
 
 def test_python_evaluate_generates_on_the_resolved_device(recipe, devices_seen):
     import lmrl
-    from lmrl.config import load_config
+    from lmrl.loading import load_config
 
     with pytest.raises(Generating):
         lmrl.evaluate(load_config(str(recipe)))
@@ -89,15 +89,15 @@ def test_the_abstention_evaluation_generates_on_the_resolved_device(recipe, devi
 
 
 def test_peer_rollouts_are_generated_on_the_resolved_device(recipe, tiny_model_dir, tmp_path, devices_seen):
-    from lmrl.data.peers import main
+    from lmrl.task_files import main
 
     with pytest.raises(Generating):
-        main([str(recipe), str(tmp_path / "peers.jsonl"), "--model", str(tiny_model_dir), "--rows", "2"])
+        main(["peers", str(recipe), str(tmp_path / "peers.jsonl"), "--model", str(tiny_model_dir), "--rows", "2"])
     assert devices_seen == [META]
 
 
 def test_the_hint_search_generates_on_the_resolved_device(tmp_path, tiny_model_dir, devices_seen):
-    from lmrl.data.hints import main
+    from lmrl.task_files import main
 
     task = tmp_path / "hinted.jsonl"
     task.write_text("".join(json.dumps({"question": f"q{i} say it", "answer": "7", "hints": ["say 7", "seven"]})
@@ -106,5 +106,5 @@ def test_the_hint_search_generates_on_the_resolved_device(tmp_path, tiny_model_d
     recipe = tmp_path / "hinted.yaml"
     recipe.write_text(json.dumps(cfg.model_dump(mode="json")))
     with pytest.raises(Generating):
-        main([str(recipe), str(tmp_path / "hints.jsonl"), "--rows", "1", "--samples", "2"])
+        main(["hints", str(recipe), str(tmp_path / "hints.jsonl"), "--rows", "1", "--samples", "2"])
     assert devices_seen == [META]

@@ -8,11 +8,11 @@ import pickle
 
 import pytest
 
-from lmrl.config import build_config
 from lmrl.data.demonstrations import SAMPLE_SOURCES
 from lmrl.data.guidance import replayed
 from lmrl.data.replay import rollout_records
 from lmrl.envs.episodes import Episode
+from lmrl.loading import build_config
 from lmrl.rewards import GROUP_REWARD_FNS, REWARD_FNS, RewardScorer
 from lmrl.types import Group, Origin, Sample
 
