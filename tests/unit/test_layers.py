@@ -15,11 +15,6 @@ ORDER = ["errors", "types", "stats", "registry", "presets", "recipe_files", "con
          "engines", "serve_queue", "serve", "rewards", "envs", "data", "inputs", "dist", "learners", "trackers",
          "validation", "loading", "task_files", "eval", "loops", "api", "lmrl", "cli"]
 
-# Imports that break the order, each (importer, imported module) with its reason; none today.
-KNOWN_LAYER_BREAKS: dict[tuple[str, str], str] = {}
-# Imports that close a circle (removed together they leave none, each one alone still closes one); none today.
-KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {}
-
 ALGOS_FORBIDDEN = ("requests", "httpx", "urllib", "http", "socket", "subprocess", "aiohttp", "openai",
                    "lmrl.rewards", "lmrl.learners", "lmrl.loops", "lmrl.engines", "lmrl.envs")
 
@@ -110,10 +105,6 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def without(graph: dict[str, set[str]], edges) -> dict[str, set[str]]:
-    return {m: {t for t in targets if (m, t) not in edges} for m, targets in graph.items()}
-
-
 def test_every_layer_is_in_the_order():
     graph, _ = import_graph()
     assert {layer(m) for m in graph} == set(ORDER)
@@ -123,18 +114,12 @@ def test_imports_point_down_the_order():
     graph, _ = import_graph()
     breaks = {(m, t) for m, targets in graph.items() for t in targets
               if ORDER.index(layer(t)) > ORDER.index(layer(m))}
-    assert breaks == set(KNOWN_LAYER_BREAKS), (
-        f"new: {sorted(breaks - set(KNOWN_LAYER_BREAKS))}; fixed, drop from the list: "
-        f"{sorted(set(KNOWN_LAYER_BREAKS) - breaks)}")
+    assert breaks == set(), f"imports up the order (importer, imported): {sorted(breaks)}"
 
 
 def test_no_import_cycles():
     graph, _ = import_graph()
-    known = set(KNOWN_CYCLE_EDGES)
-    assert known <= {(m, t) for m, targets in graph.items() for t in targets}, "a known edge is gone: drop it"
-    assert cycles(without(graph, known)) == []
-    for edge in known:
-        assert cycles(without(graph, known - {edge})), f"{edge} closes no circle any more: drop it"
+    assert cycles(graph) == []
 
 
 def test_algos_reach_no_io_and_no_stage_above():
@@ -143,8 +128,7 @@ def test_algos_reach_no_io_and_no_stage_above():
         return name == prefix or name.startswith(prefix + ".")
 
     bad = {(m, n) for m, names in raw.items() if layer(m) == "algos" for n in names
-           if any(under(n, f) for f in ALGOS_FORBIDDEN)
-           and not any(k == m and under(n, t) for k, t in KNOWN_LAYER_BREAKS)}
+           if any(under(n, f) for f in ALGOS_FORBIDDEN)}
     assert bad == set()
 
 
