@@ -3,14 +3,11 @@ a tiny model's training run: here it adds one reference completion to each kept 
 supervised `demo_nll` term then trains (docs/user_code.md)."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from conftest import make_tokenizer, toy_run_config
+from conftest import toy_run_config, train_tiny
 from lmrl.config import ConfigError
-from lmrl.loops import build_stages, train
-from lmrl.models import tiny_llama
 
 SOURCE = '''
 from lmrl.data.demonstrations import SAMPLE_SOURCES, as_members, demonstration_sample
@@ -29,11 +26,7 @@ def test_a_source_from_a_file_joins_every_group_and_trains(tmp_path):
     path.write_text(SOURCE)
     cfg = toy_run_config(tmp_path, 2, data={"demonstrations": f"{path}:sevens"},
                          algo={"terms": [{"name": "demo_nll", "coef": 0.5}]})
-    tok = make_tokenizer()
-    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
-    result = train(cfg, stages=stages)
-    rows = [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "reward/mean" in r]
+    steps, _ = train_tiny(cfg)
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["data/demonstrations"] == 4.0 for r in steps)  # one per kept group, 4 prompts a step
     assert all(r["demo_nll"] > 0 for r in steps)

@@ -3,16 +3,13 @@
 runs in its stage before the estimator, and a tiny model trains with it."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from conftest import make_tokenizer, toy_run_config
+from conftest import toy_run_config, train_tiny
 from lmrl.algos import Algorithm
 from lmrl.algos.shapers import SHAPERS, active_shapers
 from lmrl.config import AlgoConfig, ConfigError, ShaperConfig
-from lmrl.loops import build_stages, train
-from lmrl.models import tiny_llama
 from lmrl.types import Sample, collate
 
 
@@ -42,11 +39,7 @@ def test_the_shapers_of_a_stage_run_in_their_order_before_the_estimator(tmp_path
 
 def test_a_registered_shaper_trains_a_tiny_model(tmp_path):
     cfg = shaper_config(tmp_path, params={"low": 0.0, "high": 0.0})  # every reward clipped to 0
-    tok = make_tokenizer()
-    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
-    result = train(cfg, stages=stages)
-    rows = [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "reward/mean" in r]
+    steps, _ = train_tiny(cfg)
     assert [r["step"] for r in steps] == [1, 2]
     assert all(0 <= r["reward_clip/frac"] <= 1 for r in steps)
     assert all(r["advantage/abs_mean"] == 0.0 for r in steps)  # equal (clipped) rewards leave no advantage

@@ -3,20 +3,17 @@ or is a field of the step itself, an input cannot get a second provider, an unkn
 time with the nearest name, and a provider registered here feeds a training step of a tiny model."""
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 
-from conftest import make_tokenizer, toy_run_config
+from conftest import toy_run_config, train_tiny
 from lmrl.algos import ADVANTAGES, LOSSES
 from lmrl.algos.shapers import SHAPER_INPUTS, SHAPERS
 from lmrl.algos.terms import TERMS
 from lmrl.config import ConfigError
 from lmrl.inputs import PROVIDERS, provided_inputs
 from lmrl.inputs.vocabulary import ALIASES, STEP_FIELDS
-from lmrl.loops import build_stages, train
-from lmrl.models import tiny_llama
 
 PROVIDED: list[torch.Tensor] = []  # what `completion_share` filled, per step
 SEEN: list[torch.Tensor] = []  # what `share_penalty` read, per step
@@ -108,11 +105,7 @@ def test_an_unknown_input_fails_at_config_time_with_the_nearest_name(registered,
 
 def test_a_provider_registered_here_feeds_a_training_step(registered, tmp_path):
     cfg = toy_run_config(tmp_path, 2, algo={"shaping": [{"name": "share_penalty", "params": {"coef": 0.5}}]})
-    tok = make_tokenizer()
-    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
-    result = train(cfg, stages=stages)
-    rows = [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "reward/mean" in r]
+    steps, _ = train_tiny(cfg)
     assert [r["step"] for r in steps] == [1, 2]
     assert len(PROVIDED) == len(SEEN) == 2  # the loop asked for the shaper's input once per step
     assert all(torch.equal(p, s) for p, s in zip(PROVIDED, SEEN))
