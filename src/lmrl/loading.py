@@ -28,10 +28,13 @@ def load_config(recipe: str | None = "quickstart", overrides: list[str] | None =
         path = recipe_path(recipe)
         tree = read_recipe(path)
         tree.setdefault("recipe", path.stem)
-    notes = migrate_keys(tree, _preset_settings(tree))
-    for item in overrides or []:
-        key, value = parse_override(item)
-        seed_named_list(tree, key, Config, _preset_settings(tree))
+    parsed = [parse_override(item) for item in overrides or []]
+    preset = next((value for key, value in reversed(parsed) if key == "algo.preset"),
+                  (tree.get("algo") or {}).get("preset", AlgoConfig.model_fields["preset"].default))
+    settings = _preset_settings({"algo": {"preset": preset}})  # the run's preset, wherever it is set
+    notes = migrate_keys(tree, settings)
+    for key, value in parsed:
+        seed_named_list(tree, key, Config, settings)
         notes.append(apply_override(tree, key, value))
     cfg = build_config(tree)
     cfg._notes = tuple(note for note in [*notes, *cfg.notes] if note)

@@ -108,3 +108,8 @@ def test_a_term_listed_twice_is_refused():
     with pytest.raises(ConfigError, match=r"algo.terms\[1\].name: the 'demo_nll' term is listed twice"):
         load_config("quickstart", ["algo.terms=[{name: demo_nll, coef: 0.1}, {name: demo_nll, coef: 0.2}]",
                                    "data.demonstrations=rescue", "task.demonstration=x"])
+
+
+def test_a_preset_entry_is_changed_by_name_wherever_the_preset_is_set():
+    cfg = load_config("quickstart", ["algo.terms.demo_nll.coef=0.3", "algo.preset=sgt"])
+    assert [(t.name, t.coef) for t in cfg.algo.terms] == [("demo_nll", 0.3)]

@@ -152,8 +152,10 @@ class Algorithm:
             if hasattr(state, "before_prepare"):
                 state.before_prepare(batch)
         metrics = self._prepare(batch)
-        if "has_teacher" in batch.row_extras:
-            metrics["distill/samples"] = float(batch.row_extras["has_teacher"].mean())
+        for term in self.terms:  # the share of rows each term's provider flagged (`TermSpec.row_flags`)
+            for flag, metric in TERMS.spec(term.name).row_flags.items():
+                if flag in batch.row_extras:
+                    metrics[metric] = float(batch.row_extras[flag].mean())
         return metrics
 
     def after_update(self, batch: Batch, metrics: dict[str, float]) -> dict[str, float]:

@@ -79,11 +79,14 @@ class TermSpec:
     settings: Mapping[str, Any] = field(default_factory=dict)
     builds: Callable[..., Any] | None = None  # (**settings) -> an object built once per run for its providers
     check: Callable[..., str | None] | None = None  # (config, **knobs, **settings) -> why they do not fit, or None
+    # [B] row flags its provider sets in `row_extras` -> the metric their batch share is logged as
+    row_flags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         object.__setattr__(self, "inputs", frozenset(self.inputs))
         object.__setattr__(self, "provided", frozenset(self.provided))
         object.__setattr__(self, "settings", MappingProxyType(dict(self.settings)))
+        object.__setattr__(self, "row_flags", MappingProxyType(dict(self.row_flags)))
         if self.denominator not in DENOMINATORS:
             raise ValueError(f"denominator {self.denominator!r} is not one of {sorted(DENOMINATORS)}")
 

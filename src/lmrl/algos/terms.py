@@ -59,7 +59,8 @@ def kl(inputs: LossInputs, mask: torch.Tensor, estimator: str):
 
 @TERMS.register("distill", "reverse KL to the policy under a privileged context, on the teacher's tokens",
                 inputs={"logp", *DISTILL_INPUTS}, weights="teacher_mask", provided=DISTILL_INPUTS,
-                settings=TEACHER_SETTINGS, builds=build_teacher, check=check_teacher)
+                settings=TEACHER_SETTINGS, builds=build_teacher, check=check_teacher,
+                row_flags={"has_teacher": "distill/samples"})
 def distill(inputs: LossInputs, mask: torch.Tensor, estimator: str = "k1"):
     """D(π ‖ π_teacher) per token (`estimator`: k1 or k3) where the teacher's mask is 1. The entry's settings
     (`context`, `context_params`, `tokens`) configure the teacher that provides those inputs (algos/teacher.py)."""
