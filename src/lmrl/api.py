@@ -29,7 +29,7 @@ from typing import Any
 from lmrl.config import Config, ConfigError
 from lmrl.loading import build_config
 from lmrl.loops.loop import RunResult
-from lmrl.recipe_files import merge_trees, parse_override, read_recipe, recipe_path
+from lmrl.recipe_files import merge_trees, parse_override, recipe_tree
 
 __all__ = ["TrainResult", "evaluate", "recipe", "train"]
 
@@ -64,11 +64,7 @@ def recipe(name: str | None = "quickstart", overrides: Sequence[str] = (), **set
     A setting's value is a Python value, used as given (no YAML parsing); a dict merges into the
     section key by key (`algo={"preset": "dapo", "eps_high": 0.3}`). Errors are those of `lmrl train`.
     """
-    tree: dict[str, Any] = {}
-    if name:
-        path = recipe_path(name)
-        tree = read_recipe(path)
-        tree.setdefault("recipe", path.stem)
+    tree = recipe_tree(name)
     for item in overrides:
         _set(tree, *parse_override(item))
     for key, value in settings.items():

@@ -14,7 +14,7 @@ from lmrl.config import RESUMABLE, AlgoConfig, Config, resumable
 from lmrl.errors import ConfigError
 from lmrl.presets import PRESETS
 from lmrl.recipe_files import (apply_override, check_keys, get_dotted, has_dotted, list_note, migrate_keys,
-                               parse_override, read_recipe, read_yaml, recipe_path, seed_named_list, set_dotted)
+                               parse_override, read_yaml, recipe_tree, seed_named_list, set_dotted)
 
 
 def load_config(recipe: str | None = "quickstart", overrides: list[str] | None = None) -> Config:
@@ -23,11 +23,7 @@ def load_config(recipe: str | None = "quickstart", overrides: list[str] | None =
     An override may enter a list of named entries by name (`reward.components.answer.weight=0.5`, or an
     entry the preset brings: `algo.terms.demo_nll.coef=0.2`); one that replaces a list the recipe set, and
     a key spelled as an earlier version did, are recorded in `cfg.notes`."""
-    tree: dict[str, Any] = {}
-    if recipe:
-        path = recipe_path(recipe)
-        tree = read_recipe(path)
-        tree.setdefault("recipe", path.stem)
+    tree = recipe_tree(recipe)
     parsed = [parse_override(item) for item in overrides or []]
     preset = next((value for key, value in reversed(parsed) if key == "algo.preset"),
                   (tree.get("algo") or {}).get("preset", AlgoConfig.model_fields["preset"].default))

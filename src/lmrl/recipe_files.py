@@ -269,6 +269,17 @@ def read_recipe(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     return merge_trees(inherited, tree)
 
 
+def recipe_tree(name: str | None) -> dict[str, Any]:
+    """The tree of the recipe `name` (shipped, or a YAML path) with its bases, its `recipe` key set to the
+    file's stem; empty for None (the defaults)."""
+    if not name:
+        return {}
+    path = recipe_path(name)
+    tree = read_recipe(path)
+    tree.setdefault("recipe", path.stem)
+    return tree
+
+
 def _into(items: list, entry: dict) -> None:
     """Add `entry` to a list of named entries, or update the entry of that name (its params merged)."""
     for item in items:

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_tokenizer
+from conftest import save_tiny_model
 from lmrl import cli
 from lmrl.config import TaskConfig
 from lmrl.data import SAMPLERS
 from lmrl.envs.tasks import load_task
-from lmrl.models import tiny_llama
 from lmrl.registry import UserCodeError
 from lmrl.rewards import REWARD_FNS
 from lmrl.rewards.compute import find_component
@@ -27,13 +26,6 @@ def readme_example() -> tuple[str, list[str]]:
     code = re.search(r"```python\n(# my_rewards\.py\n.*?)```", text, re.S).group(1)
     command = re.search(r'^lmrl train "reward\.components=\[\{name: my_rewards\.py.*$', text, re.M).group(0)
     return code, shlex.split(command)
-
-
-def save_tiny_model(path: Path) -> Path:
-    tok = make_tokenizer()
-    tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def test_readme_custom_reward_example_runs_as_written(tmp_path, monkeypatch):
