@@ -81,6 +81,9 @@ class TermSpec:
     check: Callable[..., str | None] | None = None  # (config, **knobs, **settings) -> why they do not fit, or None
     # [B] row flags its provider sets in `row_extras` -> the metric their batch share is logged as
     row_flags: Mapping[str, str] = field(default_factory=dict)
+    # compares the rows of one group (a preference pair: `row_extras["pair"]`, `row_extras["chosen"]`): the
+    # learner keeps a group's rows in one mini- and micro-batch
+    pairwise: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "inputs", frozenset(self.inputs))
