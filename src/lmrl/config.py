@@ -137,6 +137,20 @@ class DataConfig(Section):
     source_params: dict[str, Any] = Field(default_factory=dict)  # knobs of hints | guided_replay | privileged | replay
 
 
+class BatchesConfig(Section):
+    """Where each step's batch comes from (`lmrl list sources`, docs/stages/index.md): the policy's own rollouts,
+    scored by the reward (RL), or the rows of an offline dataset trained by the terms of `algo.terms` (SFT,
+    preference optimisation, reward-model training)."""
+
+    source: str = "rollouts"  # rollouts | sft | pairs | unpaired, or your own file.py:name
+    dataset: str | None = None  # an offline source's data: a .jsonl/.json/.csv/.parquet file, a save_to_disk directory, a hub id
+    format: str = "auto"  # auto | messages | prompt_completion | text | preference | unpaired (docs/stages/sft.md)
+    params: dict[str, Any] = Field(default_factory=dict)  # the source's knobs: split, eval_dataset, assistant_only, …
+    size: int = Field(16, ge=1)  # rows (pairs, for pairs) per step
+    max_tokens: int = Field(1024, ge=8)  # a row's tokens, prompt included; longer rows are cut (keeping the start)
+    num_eval: int = Field(0, ge=0)  # rows held out of the dataset (or taken from params.eval_dataset) for the eval loss
+
+
 def _plain(value: Any) -> Any:
     """`value` as config files can hold it: an in-process object (a judge given from Python) as its repr."""
     if isinstance(value, dict):
@@ -288,6 +302,7 @@ class Config(Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     data: DataConfig = Field(default_factory=DataConfig)
+    batches: BatchesConfig = Field(default_factory=BatchesConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)

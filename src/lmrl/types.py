@@ -228,5 +228,5 @@ def collate(samples: list[Sample], group_index: list[int], pad_id: int) -> Batch
         start, end = len(s.prompt_ids) - 1, len(seq) - 1
         cmask[i, start:end] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, dtype=torch.float)
         blp[i, start:end] = torch.tensor(s.behaviour_logprobs, dtype=torch.float)
-    rewards = torch.tensor([float(s.reward) for s in samples])
+    rewards = torch.tensor([0.0 if s.reward is None else float(s.reward) for s in samples])  # offline rows: none
     return Batch(ids, attn, cmask, blp, rewards, torch.tensor(group_index, dtype=torch.long))

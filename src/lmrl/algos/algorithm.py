@@ -33,20 +33,25 @@ from lmrl.types import Batch
 
 @dataclass
 class Algorithm:
+    """`rollouts=False`: the batches are an offline dataset's rows (`batches.source`), which bring no rewards:
+    no advantages, no policy-gradient loss; the objective is the KL and entropy terms and `algo.terms`."""
+
     cfg: AlgoConfig
     max_new_tokens: int
+    rollouts: bool = True
 
     def __post_init__(self):
         self.advantage_fn = ADVANTAGES.get(self.cfg.advantage)
-        self.advantage_spec = ADVANTAGES.spec(self.cfg.advantage)
-        self.loss_spec = LOSSES.spec(self.cfg.loss)
-        self.token_mask_fn = self.loss_spec.token_mask if self.cfg.rejected_tokens == "drop" else None
+        self.advantage_spec = ADVANTAGES.spec(self.cfg.advantage if self.rollouts else "grpo")
+        self.loss_spec = LOSSES.spec(self.cfg.loss if self.rollouts else "ppo_clip")
+        rejects = self.rollouts and self.cfg.rejected_tokens == "drop"
+        self.token_mask_fn = self.loss_spec.token_mask if rejects else None
         advantage_state, self.advantage_knobs = build_state(self.advantage_spec, self.cfg.advantage_params)
         loss_state, self.loss_knobs = build_state(self.loss_spec, self.cfg.loss_params)
         self.states = {name: st for name, st in (("advantage", advantage_state), ("loss", loss_state)) if st is not None}
         if self.cfg.guards.enabled:  # failure-mode guard (algos/guards.py), checkpointed like the method states
             self.states["guard"] = Guard(self.cfg.guards)
-        self.terms = active_terms(self.cfg)
+        self.terms = active_terms(self.cfg, self.rollouts)
         # what a term's input providers use, built once per run (e.g. the distill term's teacher context)
         self.built = {t.name: TERMS.spec(t.name).builds(**t.settings) for t in self.terms if TERMS.spec(t.name).builds}
         self.term_inputs = term_inputs(self.terms)
@@ -67,7 +72,12 @@ class Algorithm:
     @property
     def critic(self) -> bool:
         """A value head is trained (its values feed the estimator, its loss joins the objective)."""
-        return self.cfg.critic
+        return self.cfg.critic and self.rollouts
+
+    @property
+    def pairwise(self) -> bool:
+        """A term compares the rows of one group (`TermSpec.pairwise`): the learner keeps groups whole."""
+        return any(TERMS.spec(t.name).pairwise for t in self.terms)
 
     @property
     def prepare_outputs(self) -> set[str]:
@@ -122,6 +132,8 @@ class Algorithm:
 
     def _inert_by_advantage(self, batch: Batch) -> torch.Tensor:
         rows = batch.completion_mask.shape[0]
+        if not self.rollouts:  # no policy-gradient term: only the other terms pull on a row
+            return torch.ones(rows, dtype=torch.bool)
         if not self.loss_spec.zero_at_zero_advantage or batch.advantages is None:
             return torch.zeros(rows, dtype=torch.bool)
         return ((batch.advantages != 0) & (batch.completion_mask > 0)).sum(1) == 0
@@ -151,7 +163,9 @@ class Algorithm:
         for state in self.states.values():
             if hasattr(state, "before_prepare"):
                 state.before_prepare(batch)
-        metrics = self._prepare(batch)
+        metrics = self._prepare(batch) if self.rollouts else {}
+        if not self.rollouts:
+            batch.advantages = torch.zeros_like(batch.completion_mask)
         for term in self.terms:  # the share of rows each term's provider flagged (`TermSpec.row_flags`)
             for flag, metric in TERMS.spec(term.name).row_flags.items():
                 if flag in batch.row_extras:

@@ -85,6 +85,14 @@ def demo_nll(inputs: LossInputs, mask: torch.Tensor):
     return per_row * demo, metrics
 
 
+@TERMS.register("nll", "supervised next-token NLL of the loss mask's tokens, a token mean over the batch (SFT)",
+                inputs={"logp"}, denominator="tokens")
+def nll(inputs: LossInputs, mask: torch.Tensor):
+    """−log p of every trained token, divided by the mini-batch's trained tokens: TRL's SFT loss, whose
+    gradient accumulation divides by the tokens of all accumulated micro-batches (spec §1.1)."""
+    return -inputs.logp, {"nll": masked_mean(-inputs.logp, mask)}
+
+
 @TERMS.register("value", "the critic's clipped value loss against its returns",
                 inputs={"values", "old_values", "returns"}, denominator="tokens")
 def value(inputs: LossInputs, mask: torch.Tensor, clip: float | None):
@@ -108,21 +116,28 @@ def listed_term(name: str, coef: float, params: dict[str, Any]) -> ActiveTerm:
     return ActiveTerm(name, coef, knobs, {**spec.settings, **{k: v for k, v in params.items() if k in spec.settings}})
 
 
-def active_terms(cfg: AlgoConfig) -> list[ActiveTerm]:
+def active_terms(cfg: AlgoConfig, rollouts: bool = True) -> list[ActiveTerm]:
     """The terms of the objective, in the order they are summed: the policy-gradient loss, the shared terms
-    their keys switch on, then the entries of `algo.terms` (one with coefficient 0 is off)."""
+    their keys switch on, then the entries of `algo.terms` (one with coefficient 0 is off).
+
+    A batch of an offline dataset (`rollouts=False`) has no rewards: no policy-gradient or value term, only
+    KL, entropy and the listed terms."""
+    listed = [listed_term(t.name, t.coef, t.params) for t in cfg.terms if t.coef != 0]
+    shared = []
+    if cfg.kl_coef > 0 and not cfg.kl_in_reward:
+        shared.append(ActiveTerm("kl", cfg.kl_coef, {"estimator": cfg.kl_estimator}))
+    if cfg.entropy_coef != 0:
+        shared.append(ActiveTerm("entropy", -cfg.entropy_coef))
+    if not rollouts:
+        return shared + listed
     spec = LOSSES.spec(cfg.loss)
     loss_knobs = {k: v for k, v in cfg.loss_params.items() if k not in state_knobs(spec)}
     terms = [ActiveTerm("policy_gradient", 1.0, {
         "loss": cfg.loss, "aggregation": cfg.aggregation, "eps_low": cfg.eps_low, "eps_high": cfg.eps_high,
-        "dual_clip": cfg.dual_clip, "loss_knobs": loss_knobs})]
-    if cfg.kl_coef > 0 and not cfg.kl_in_reward:
-        terms.append(ActiveTerm("kl", cfg.kl_coef, {"estimator": cfg.kl_estimator}))
-    if cfg.entropy_coef != 0:
-        terms.append(ActiveTerm("entropy", -cfg.entropy_coef))
+        "dual_clip": cfg.dual_clip, "loss_knobs": loss_knobs}), *shared]
     if cfg.critic:
         terms.append(ActiveTerm("value", cfg.value_coef, {"clip": cfg.value_clip}))
-    return terms + [listed_term(t.name, t.coef, t.params) for t in cfg.terms if t.coef != 0]
+    return terms + listed
 
 
 # the config key that switches each shared term on: `algo.terms` may not add them again

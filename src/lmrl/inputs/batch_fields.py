@@ -84,3 +84,18 @@ def speech_mask(batch: Batch, ctx: InputContext) -> None:
     if "speech_id_range" in knobs:
         speech = modality_mask(batch.input_ids[:, 1:], knobs["speech_id_range"])
         batch.extras["speech_mask"] = speech * batch.completion_mask
+
+
+@PROVIDERS.register("preference", "an offline preference source's row labels (`data.sources`): `chosen` 1.0 on a "
+                    "pair's chosen row and 0.0 on its rejected one, `pair` its pair (the row's group), `margin` a "
+                    "pair's margin column, `desirable` an unpaired row's label", needs={"samples"},
+                    provides={"chosen", "pair", "margin", "desirable"}, always=True)
+def preference_labels(batch: Batch, ctx: InputContext) -> None:
+    info = [x.info for x in ctx.samples]
+    if all("preference" in i for i in info):
+        batch.row_extras["chosen"] = torch.tensor([1.0 if i["preference"] == "chosen" else 0.0 for i in info])
+        batch.row_extras["pair"] = batch.group_index.clone()
+    if all("margin" in i for i in info):
+        batch.row_extras["margin"] = torch.tensor([float(i["margin"]) for i in info])
+    if all("desirable" in i for i in info):
+        batch.row_extras["desirable"] = torch.tensor([1.0 if i["desirable"] else 0.0 for i in info])

@@ -9,9 +9,12 @@ from lmrl.types import Batch
 
 
 @PROVIDERS.register("rollout_logp", "behaviour log-probs: the engine's or the peer's; rows whose origin brings none "
-                    "(demonstrations) get the current policy's, so their importance ratio starts at 1",
-                    needs={"learner", "samples"}, always=True)
+                    "(demonstrations) get the current policy's, so their importance ratio starts at 1 (an offline "
+                    "dataset's batch, which no ratio reads, gets none)",
+                    needs={"learner", "samples", "algorithm"}, always=True)
 def behaviour_logprobs(batch: Batch, ctx: InputContext) -> None:
+    if not ctx.algorithm.rollouts:
+        return
     rows = [i for i, x in enumerate(ctx.samples) if not x.origin.brings_logprobs]
     if rows:
         batch.behaviour_logprobs[rows] = ctx.learner.logprobs(batch, rows=rows)[rows]

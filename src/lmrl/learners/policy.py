@@ -84,8 +84,11 @@ class Learner:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
-    def micro_batches(self, batch: Batch) -> list[list[int]]:
-        """Rows per micro-batch within the token budget; a prompt's samples stay together when shared."""
+    def micro_batches(self, batch: Batch, whole_groups: bool = False) -> list[list[int]]:
+        """Rows per micro-batch within the token budget; a prompt's samples stay together when shared, a
+        group's rows when `whole_groups` (a pairwise term compares them: `Algorithm.pairwise`)."""
+        if whole_groups:
+            return group_budget(batch, self.cfg.micro_batch_tokens)
         if self.cfg.share_prompt:
             return [[r for unit in units for r in unit] for units in budget_units(batch, self.cfg.micro_batch_tokens)]
         return fill_budget(batch.attention_mask.sum(1).tolist(), self.cfg.micro_batch_tokens)
@@ -172,6 +175,23 @@ class Learner:
                 out[[targets[r] for r in micro_rows], : logp.shape[1]] = logp.cpu()
         return out
 
+    @torch.no_grad()
+    def evaluate(self, batch: Batch, algorithm) -> dict[str, float]:
+        """The objective on a prepared batch without an update (a held-out loss): `loss`, and the terms'
+        metrics averaged over the micro-batches, weighted by their tokens."""
+        scale = algorithm.scale(algorithm.aggregation_mask(batch))
+        totals, weights, loss = {}, {}, 0.0
+        with _evaluating(self.model):
+            for rows in self.micro_batches(batch, algorithm.pairwise):
+                micro = batch.select(rows)
+                value, metrics = self._micro_step(micro, algorithm, scale)
+                loss += float(value)
+                w = float(micro.completion_mask.sum())
+                for k, v in metrics.items():
+                    totals[k] = totals.get(k, 0.0) + v * w
+                    weights[k] = weights.get(k, 0.0) + w
+        return {"loss": loss, **{k: v / max(weights[k], 1.0) for k, v in totals.items()}}
+
     def _reference(self):
         """The reference policy's module and the context it runs under: the frozen copy, or (peft) the
         policy with its adapters disabled, which is exactly the base model."""
@@ -212,8 +232,7 @@ class Learner:
         skipped = 0
         grad_norms, critic_norms = [], []
         for _ in range(self.cfg.epochs):
-            order = torch.randperm(batch.num_rows, generator=self.shuffle).tolist()
-            for chunk in _split(order, self.cfg.mini_batches):
+            for chunk in self._mini_batches(batch, algorithm.pairwise):
                 chunk = [r for r in chunk if mine[r]]  # this process's rows of the mini-batch
                 scale = self.parallel.global_scale(algorithm.scale(algorithm.aggregation_mask(batch.select(chunk))))
                 self._zero_grads()
@@ -228,6 +247,15 @@ class Learner:
         return self._finish(step_scheduler, totals, weights, grad_norms, critic_norms, skipped,
                             float(sum(inert)) / max(batch.num_rows, 1))
 
+    def _mini_batches(self, batch: Batch, whole_groups: bool) -> list[list[int]]:
+        """One epoch's mini-batches: the rows shuffled (whole groups, with `whole_groups`) and cut in
+        `trainer.mini_batches` parts."""
+        if not whole_groups:
+            return _split(torch.randperm(batch.num_rows, generator=self.shuffle).tolist(), self.cfg.mini_batches)
+        groups = row_groups(batch)
+        order = [groups[g] for g in torch.randperm(len(groups), generator=self.shuffle).tolist()]
+        return [[r for group in part for r in group] for part in _split(order, self.cfg.mini_batches)]
+
     def streamed(self, algorithm, denominator: str) -> "StreamedUpdate":
         """One update on a batch that arrives in parts (`StreamedUpdate`)."""
         return StreamedUpdate(self, algorithm, denominator)
@@ -235,7 +263,7 @@ class Learner:
     def _backward(self, mini: Batch, algorithm, scale, totals: dict[str, float], weights: dict[str, float]) -> bool:
         """Forward and backward of `mini`'s micro-batches, adding to the gradients and to the token-weighted
         metric sums; False (and the rest left out) at a non-finite loss."""
-        for rows in self.micro_batches(mini) if mini.num_rows else []:
+        for rows in self.micro_batches(mini, algorithm.pairwise) if mini.num_rows else []:
             micro = mini.select(rows)
             loss, metrics = self._micro_step(micro, algorithm, scale)
             if not torch.isfinite(loss):
@@ -302,8 +330,9 @@ class Learner:
                 metrics["entropy"] = _approx_entropy(logp, mask)
         else:
             metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
-        metrics["mismatch_kl"] = float(((micro.behaviour_logprobs.to(mask.device) - logp.detach()) * mask).sum()
-                                       / mask.sum().clamp(min=1))
+        if algorithm.rollouts:
+            metrics["mismatch_kl"] = float(((micro.behaviour_logprobs.to(mask.device) - logp.detach()) * mask).sum()
+                                           / mask.sum().clamp(min=1))
         return loss, metrics
 
     def _trainable(self):
@@ -394,6 +423,30 @@ def _approx_entropy(logp: torch.Tensor, mask: torch.Tensor) -> float:
     return float((-logp.detach() * mask).sum() / mask.sum().clamp(min=1))
 
 
-def _split(items: list[int], parts: int) -> list[list[int]]:
+def row_groups(batch: Batch) -> list[list[int]]:
+    """The batch's rows by group (`group_index`), in order of first appearance."""
+    groups: dict[int, list[int]] = {}
+    for row, g in enumerate(batch.group_index.tolist()):
+        groups.setdefault(g, []).append(row)
+    return list(groups.values())
+
+
+def group_budget(batch: Batch, budget: int) -> list[list[int]]:
+    """Micro-batches of whole groups, shortest first, each within `budget` padded tokens (rows × longest row);
+    a group over the budget gets one of its own."""
+    lengths = batch.attention_mask.sum(1).tolist()
+    groups = sorted(row_groups(batch), key=lambda g: max(lengths[r] for r in g))
+    batches: list[list[int]] = []
+    for group in groups:
+        longest = max(lengths[r] for r in group)
+        if batches and (len(batches[-1]) + len(group)) * longest > budget:
+            batches.append([])
+        if not batches:
+            batches.append([])
+        batches[-1].extend(group)
+    return batches
+
+
+def _split(items: list, parts: int) -> list[list]:
     size = math.ceil(len(items) / parts)
     return [items[i: i + size] for i in range(0, len(items), size) if items[i: i + size]]

@@ -117,14 +117,36 @@ def evaluate_now(s: Stages, run: RunDir, step: int, engine=None, progress: StepP
                  ) -> dict[str, float]:
     """Evaluate the held-out rows with `engine` (the run's own by default), show it on `progress`, log the result."""
     cfg = s.cfg
-    with (progress or StepProgress(0, 0, enabled=False)).evaluation(step) as shown:
-        metrics, groups = evaluate(engine or s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval,
-                                   cfg.rollout.max_new_tokens, cfg.reward.accuracy_component, seed=cfg.trainer.seed,
-                                   environment=cfg.env, advance=shown.advance)
-        shown.finish(metrics)
+    metrics, groups = {}, []
+    if s.eval_rows:
+        with (progress or StepProgress(0, 0, enabled=False)).evaluation(step) as shown:
+            metrics, groups = evaluate(engine or s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval,
+                                       cfg.rollout.max_new_tokens, cfg.reward.accuracy_component,
+                                       seed=cfg.trainer.seed, environment=cfg.env, advance=shown.advance)
+            shown.finish(metrics)
+    if s.offline is not None and s.offline.eval:
+        metrics.update(held_out_loss(s, step))
     run.log(step, metrics)
     run.log_samples(step, [sample_row(g, "eval") for g in groups[:3]])
     return metrics
+
+
+def held_out_loss(s: Stages, step: int) -> dict[str, float]:
+    """The objective and its terms' metrics on an offline source's held-out groups, without an update:
+    `eval/loss` and `eval/<metric>`, in batches of `batches.size` groups, weighted by their tokens."""
+    groups, size = s.offline.eval, s.cfg.batches.size
+    totals: dict[str, float] = {}
+    weight = 0.0
+    for start in range(0, len(groups), size):
+        inputs = batch_inputs(s, groups[start: start + size], step)
+        batch = to_batch(inputs, s.engine.pad_token_id)
+        provide(batch, inputs, with_learner=True)
+        s.algorithm.prepare(batch)
+        tokens = float(batch.completion_mask.sum())
+        for name, value in s.learner.evaluate(batch, s.algorithm).items():
+            totals[name] = totals.get(name, 0.0) + value * tokens
+        weight += tokens
+    return {f"eval/{name}": value / max(weight, 1.0) for name, value in totals.items()}
 
 
 def log_inputs_order(s: Stages, run: RunDir) -> None:

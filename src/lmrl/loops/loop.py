@@ -18,6 +18,7 @@ from lmrl.loading import load_run_config
 from lmrl.loops.background import BackgroundSource
 from lmrl.loops.collect import evaluate_now, learn, log_inputs_order, rollout_metrics, sample_row
 from lmrl.loops.inline import InlineSource
+from lmrl.loops.offline import OfflineSource
 from lmrl.loops.progress import StepProgress
 from lmrl.loops.run_dir import RunDir
 from lmrl.loops.run_state import RunState
@@ -63,8 +64,11 @@ def train_here(cfg: Config, resume: Path | None = None, stages: Stages | None = 
 
 
 def open_source(s: Stages, start: int, saved: dict) -> BatchSource:
-    """The run's batch source from step `start` on: in the background when `rollout.max_staleness` is set
-    (with the batches a checkpoint queued, `saved["async"]`), else inline."""
+    """The run's batch source from step `start` on: an offline dataset's (`batches.source`), or rollouts in
+    the background when `rollout.max_staleness` is set (with the batches a checkpoint queued,
+    `saved["async"]`), else inline."""
+    if s.offline is not None:
+        return OfflineSource(s)
     if s.cfg.rollout.max_staleness is None:
         return InlineSource(s)
     return BackgroundSource(s, start, saved.get("async"))
@@ -89,7 +93,8 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
     progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress and s.parallel.is_main)
     done, saved, updates_at_boundary, boundary = start, start, s.learner.optimizer_steps, {}
     try:
-        if start == 0 and cfg.eval.at_start and s.eval_rows:
+        evaluates = bool(s.eval_rows or (s.offline and s.offline.eval))
+        if start == 0 and cfg.eval.at_start and evaluates:
             result.eval_before = evaluate_now(s, run, 0, source.eval_engine, progress)
         source.start()
         with progress:
@@ -104,7 +109,8 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                 else:
                     rollout, learned, stream = learn_streamed(s, source, rollout)
                     s.scorer.check_error_rate(rollout.metrics, step)
-                metrics = {**rollout.metrics, **rollout_metrics(rollout.seen, cfg.reward.accuracy_component)}
+                metrics = {**rollout.metrics,
+                           **(rollout_metrics(rollout.seen, cfg.reward.accuracy_component) if rollout.seen else {})}
                 metrics.update(learned if learned is not None else {"skipped_updates": 1.0})
                 metrics.update(source.after_update(step, s.model, learned is not None))
                 step_s, waited = time.perf_counter() - last_end, t1 - last_end + stream.get("async/stream_wait_s", 0.0)
@@ -113,8 +119,9 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                 metrics.update({**source.step_metrics(step, rollout, waited), **stream,
                                 "timing/rollout_s": generating, "timing/reward_s": rollout.reward_seconds,
                                 "timing/train_s": step_s - waited, "timing/step_s": step_s,
-                                "tokens_per_s": rollout.generated / generating, "timing/threads": float(threads),
-                                **s.data_notes})
+                                "timing/threads": float(threads), **s.data_notes})
+                if rollout.generated:
+                    metrics["tokens_per_s"] = rollout.generated / generating
                 metrics.update(run_state.guard_step(step, metrics))
                 stopped = stop_reason(cfg.trainer.stop_when, metrics)
                 run.log(step, {**metrics, **({"stopped": stopped} if stopped else {})})
@@ -123,7 +130,7 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                 progress.update(step, metrics)
                 step_end, paused = time.perf_counter(), 0.0  # evaluating and saving pause the run: not a step's time
                 last = step == cfg.trainer.steps or stopped is not None
-                if s.eval_rows and ((cfg.eval.every and step % cfg.eval.every == 0 and not last)
+                if evaluates and ((cfg.eval.every and step % cfg.eval.every == 0 and not last)
                                     or (last and cfg.eval.at_end)):
                     with source.paused():  # waiting for a batch in the making counts
                         t_eval = time.perf_counter()

@@ -12,7 +12,7 @@ from lmrl.algos import Algorithm
 from lmrl.config import Config, ConfigError
 from lmrl.dist import DataParallel, Parallel, init_from_env
 from lmrl.dist.rollouts import ShardedRollouts
-from lmrl.data import GROUP_FILTERS, build_sampler, sample_source
+from lmrl.data import BATCH_SOURCES, GROUP_FILTERS, OfflineData, build_sampler, sample_source
 from lmrl.data.probe import bind_probe
 from lmrl.engines import SamplingParams, sampling_params
 from lmrl.envs.pieces import Pieces, build_pieces
@@ -44,6 +44,7 @@ class Stages:
     params: SamplingParams
     data_notes: dict[str, float]
     parallel: Parallel = field(default_factory=Parallel)  # this process's rank in a data-parallel run
+    offline: OfflineData | None = None  # an offline batch source's encoded rows (`batches.source`); None: rollouts
 
 
 def preflight(cfg: Config, rows: int = 16, resume: Path | None = None, trains: bool = True) -> str:
@@ -74,22 +75,29 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
     """
     check_names(cfg)
     parallel = data_parallel(cfg)
-    sampler = None
+    sampler, offline = None, None
+    rollouts = BATCH_SOURCES.spec(cfg.batches.source).online
 
     def data_ready(pieces: Pieces) -> None:
-        nonlocal sampler
-        if cfg.run.progress and parallel.is_main:
+        nonlocal sampler, offline
+        shown = cfg.run.progress and parallel.is_main
+        if shown:
             summary = TaskData(pieces.train_rows, pieces.eval_rows, pieces.task.held_out_from).summary()
             print(f"data: {summary}", file=sys.stderr, flush=True)
         check_row_fields(cfg, pieces.train_rows)
         sampler = build_sampler(cfg, pieces.train_rows)
+        if not rollouts:
+            offline = read_offline(cfg, pieces.tokenizer)
+            if shown:
+                print(f"batches: {offline.summary()}", file=sys.stderr, flush=True)
 
     pieces = build_pieces(cfg, model, tokenizer, trains=True, before_model=data_ready)
     model, tokenizer, engine = pieces.model, pieces.tokenizer, pieces.engine
     if parallel.world_size > 1:
         engine = ShardedRollouts(engine, parallel)
-    algorithm = Algorithm(cfg.algo, cfg.rollout.max_new_tokens)
-    learner = Learner(model, cfg.trainer, cfg.rollout.temperature, needs_reference=algorithm.needs_reference,
+    algorithm = Algorithm(cfg.algo, cfg.rollout.max_new_tokens, rollouts=rollouts)
+    temperature = cfg.rollout.temperature if rollouts else 1.0  # an offline dataset's rows: the model's own p
+    learner = Learner(model, cfg.trainer, temperature, needs_reference=algorithm.needs_reference,
                       bf16=resolve_bf16(cfg.trainer.bf16, pieces.device), critic=algorithm.critic,
                       critic_lr=cfg.algo.critic_lr, critic_shares_trunk=cfg.algo.critic_shares_trunk,
                       parallel=parallel)
@@ -101,7 +109,16 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
         sampler=sampler, keep_group=GROUP_FILTERS.get(cfg.data.group_filter), scorer=scorer,
         add_samples=sample_source(cfg, tokenizer, scorer), eval_rows=pieces.eval_rows,
         generator=generator, params=sampling_params(cfg), data_notes=pieces.data_notes, parallel=parallel,
+        offline=offline,
     )
+
+
+def read_offline(cfg: Config, tokenizer) -> OfflineData:
+    """The offline batch source's rows, read and encoded (a bad dataset is a ConfigError naming it)."""
+    try:
+        return BATCH_SOURCES.get(cfg.batches.source)(cfg.batches, tokenizer)
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"batches: {err}") from None
 
 
 def data_parallel(cfg: Config) -> Parallel:

@@ -1,0 +1,81 @@
+"""The offline batch source: each step's batch is `batches.size` groups of an offline dataset (SFT rows,
+preference pairs), encoded once before the model loads (`data.sources`).
+
+The order is a function of the step alone: epoch e visits the training groups in a permutation seeded
+by (`trainer.seed`, e), and step k takes the k-th run of `batches.size` groups of those epochs laid end
+to end. A resumed run therefore needs no source state to go on exactly where it stopped. The held-out
+groups give the eval loss at every evaluation (`loops.collect.held_out_loss`).
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+
+from lmrl.data import OfflineData
+from lmrl.loops.source import Rollout
+from lmrl.types import Group
+
+
+def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
+    """The training groups' order in epoch `epoch` (0-based)."""
+    return torch.randperm(count, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
+
+
+def step_groups(data: OfflineData, size: int, seed: int, step: int) -> tuple[list[Group], float]:
+    """Step `step`'s groups (1-based) and the epoch it reaches (fractional: 1.5 = half-way through the second)."""
+    count = len(data.train)
+    start = (step - 1) * size
+    orders: dict[int, list[int]] = {}
+    picked = []
+    for position in range(start, start + size):
+        epoch, index = divmod(position, count)
+        if epoch not in orders:
+            orders[epoch] = epoch_order(count, seed, epoch)
+        picked.append(data.train[orders[epoch][index]])
+    return picked, (start + size) / count
+
+
+class OfflineSource:
+    """Hands the loop an offline dataset's groups; the run's engine (which shares the learner's weights) is
+    only used to evaluate."""
+
+    live_parts: tuple[str, ...] = ()
+
+    def __init__(self, s):
+        self.s = s
+        self.eval_engine = s.engine
+        self.data: OfflineData = s.offline
+
+    def start(self) -> None:
+        pass
+
+    def take(self, step: int) -> Rollout:
+        t0 = time.perf_counter()
+        groups, epoch = step_groups(self.data, self.s.cfg.batches.size, self.s.cfg.trainer.seed, step)
+        tokens = sum(sum(x.loss_mask) if x.loss_mask is not None else len(x.completion_ids)
+                     for g in groups for x in g.samples)
+        metrics = {"data/epoch": epoch, "data/trained_tokens": float(tokens)}
+        return Rollout(step, step - 1, [], groups, metrics, time.perf_counter() - t0, 0)
+
+    def after_update(self, step: int, model, updated: bool) -> dict[str, float]:
+        return self.s.engine.update_weights(None, step) if updated else {}
+
+    def step_metrics(self, step: int, rollout: Rollout, waited: float) -> dict[str, float]:
+        return {}
+
+    def paused(self):
+        return nullcontext()
+
+    def checkpoint_state(self, step: int, read_parts) -> dict[str, Any]:
+        return {}
+
+    @contextmanager
+    def restarting(self, step: int):
+        yield
+        self.s.engine.update_weights(None, step)
+
+    def stop(self) -> None:
+        pass
