@@ -6,5 +6,6 @@ from lmrl.inputs.registry import (PROVIDERS, InputContext, ProviderSpec, provide
                                   requested_inputs)
 import lmrl.inputs.batch_fields, lmrl.inputs.credit, lmrl.inputs.model  # noqa: F401,E401,E402  (register providers)
 import lmrl.inputs.pmi, lmrl.inputs.teacher  # noqa: F401,E401,E402  (register the providers that encode prompts)
+import lmrl.inputs.teacher_model  # noqa: F401,E402  (registers the teacher_kl term and its teacher's provider)
 
 __all__ = ["PROVIDERS", "InputContext", "ProviderSpec", "provide", "provided_inputs", "requested_inputs"]

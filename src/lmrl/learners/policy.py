@@ -160,12 +160,17 @@ class Learner:
         return full
 
     @torch.no_grad()
-    def logprobs(self, batch: Batch, reference: bool = False, rows: list[int] | None = None) -> torch.Tensor:
-        """No-grad log-probs (for old or reference policies) of `rows` (default all), micro-batched, on the CPU.
+    def logprobs(self, batch: Batch, reference: bool = False, rows: list[int] | None = None, model=None
+                 ) -> torch.Tensor:
+        """No-grad log-probs (for old or reference policies, or another `model` such as a teacher, moved to the
+        policy's device) of `rows` (default all), micro-batched, on the CPU.
 
         Computed in eval mode (no dropout), like the engine's behaviour log-probs.
         """
-        model, context = self._reference() if reference else (self.model, contextlib.nullcontext())
+        if model is not None:
+            model, context = model.to(self.device), contextlib.nullcontext()
+        else:
+            model, context = self._reference() if reference else (self.model, contextlib.nullcontext())
         out = torch.zeros_like(batch.completion_mask)
         sub = batch if rows is None else batch.select(rows)
         targets = list(range(batch.num_rows)) if rows is None else rows

@@ -1,0 +1,65 @@
+"""On-policy distillation from a separate teacher model: the `teacher_kl` term and the provider of its input.
+
+The student samples its own completions (the rollouts of an RL step); a frozen teacher, any causal LM that
+shares the student's tokenizer, loaded once per run from the term's `model` setting, scores the very same
+token ids, and the term is the per-token reverse KL D(π ‖ π_T) of the sampled tokens: with the `k1`
+estimator its gradient is (log π − log π_T)·∇log π, the policy gradient of the per-token reward
+log π_T − log π with discount 0 (spec §4.2 (b), the sampled-token form of on-policy distillation). It joins
+the policy-gradient loss under the method's aggregation, so an outcome reward may train beside it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from lmrl.algos.teacher import DISTILL_ESTIMATORS
+from lmrl.algos.terms import TERMS, masked_mean
+from lmrl.algos.losses import LossInputs
+from lmrl.inputs.registry import PROVIDERS, InputContext
+from lmrl.models import load_model, load_tokenizer, resolve_model_path
+from lmrl.types import Batch
+
+
+class TeacherModel:
+    """A frozen causal LM (the `model` setting: a directory, a .gguf file, a hub id, or "default")."""
+
+    def __init__(self, model: str, **_):
+        self.path = model
+        self.model = load_model(model).eval().requires_grad_(False)
+        self.tokenizer = load_tokenizer(model)
+        self.checked = False
+
+    def check_tokenizer(self, tokenizer) -> None:
+        """Teacher and student must give the same ids to the same text (their log-probs are compared per token)."""
+        if not self.checked and self.tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise ValueError(f"the teacher_kl term's teacher {self.path} has another tokenizer than the student; "
+                             "token-level distillation needs the same vocabulary")
+        self.checked = True
+
+
+def check_teacher_model(cfg, model: str | None = None, estimator: str = "k1") -> str | None:
+    """Why the teacher_kl term cannot run (no model, or one that does not exist here), or None."""
+    if estimator not in DISTILL_ESTIMATORS:
+        return f"estimator must be one of {sorted(DISTILL_ESTIMATORS)} (got {estimator!r})"
+    if model is None:
+        return "set params.model, the teacher: a transformers directory, a .gguf file or a hub id"
+    if model != "default" and not Path(model).expanduser().exists() and "/" not in model:
+        return f"model: no such file or directory {model!r}"
+    return None
+
+
+@TERMS.register("teacher_kl", "reverse KL to a separate frozen teacher model on the policy's own tokens "
+                "(on-policy distillation)", inputs={"logp", "teacher_model_logp"}, provided={"teacher_model_logp"},
+                settings={"model": None}, builds=TeacherModel, check=check_teacher_model)
+def teacher_kl(inputs: LossInputs, mask: torch.Tensor, estimator: str = "k1"):
+    value = DISTILL_ESTIMATORS[estimator](inputs.logp, inputs.extras["teacher_model_logp"])
+    return value, {"teacher_kl": masked_mean(value, mask)}
+
+
+@PROVIDERS.register("teacher_model_logp", "a separate frozen teacher model's log-probs of the batch's own tokens "
+                    "(the teacher_kl term)", needs={"learner", "tokenizer", "algorithm"})
+def teacher_model_logprobs(batch: Batch, ctx: InputContext) -> None:
+    teacher: TeacherModel = ctx.algorithm.built["teacher_kl"]
+    teacher.check_tokenizer(ctx.tokenizer)
+    batch.extras["teacher_model_logp"] = ctx.learner.logprobs(batch, model=teacher.model)
