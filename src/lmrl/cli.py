@@ -25,7 +25,7 @@ console = Console(stderr=True)
 
 REGISTRY_KINDS = ["advantages", "losses", "aggregations", "kl", "rewards", "group-rewards", "reward-aggregations",
                   "samplers", "filters", "tasks", "engines", "environments", "sample-sources", "teacher-contexts",
-                  "weight-transports", "terms", "shapers"]
+                  "weight-transports", "terms", "shapers", "sources"]
 LIST_KINDS = ["algos", "recipes", *REGISTRY_KINDS]
 
 
@@ -50,7 +50,7 @@ def _registries() -> dict:
     from lmrl.algos.shapers import SHAPERS
     from lmrl.algos.teacher import TEACHER_CONTEXTS
     from lmrl.algos.terms import TERMS
-    from lmrl.data import GROUP_FILTERS, SAMPLERS
+    from lmrl.data import BATCH_SOURCES, GROUP_FILTERS, SAMPLERS
     from lmrl.data.demonstrations import SAMPLE_SOURCES
     from lmrl.engines import ENGINES
     from lmrl.engines.weight_sync import WEIGHT_TRANSPORTS
@@ -59,7 +59,8 @@ def _registries() -> dict:
 
     return dict(zip(REGISTRY_KINDS, [ADVANTAGES, LOSSES, AGGREGATIONS, KL_ESTIMATORS, REWARD_FNS, GROUP_REWARD_FNS,
                                      REWARD_AGGREGATIONS, SAMPLERS, GROUP_FILTERS, TASKS, ENGINES, ENVIRONMENTS,
-                                     SAMPLE_SOURCES, TEACHER_CONTEXTS, WEIGHT_TRANSPORTS, TERMS, SHAPERS]))
+                                     SAMPLE_SOURCES, TEACHER_CONTEXTS, WEIGHT_TRANSPORTS, TERMS, SHAPERS,
+                                     BATCH_SOURCES]))
 
 
 def cmd_list(args) -> int:
