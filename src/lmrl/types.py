@@ -25,6 +25,7 @@ class Origin(Enum):
     GUIDED = "guided"  # the policy's completion of a guided prompt, replayed as a member under the original prompt
     PRIVILEGED = "privileged"  # the same, kept in a group of its own for a supervised term only
     REPLAYED = "replayed"  # a recorded rollout of an earlier run (rollouts.jsonl), with its behaviour log-probs
+    DATASET = "dataset"  # a supervised row of an offline dataset (SFT, preference pairs), no log-probs, no advantage
 
     @property
     def sampled(self) -> bool:
@@ -33,8 +34,9 @@ class Origin(Enum):
 
     @property
     def in_advantage(self) -> bool:
-        """Enters the advantage estimate; rescue and privileged rows are trained only by a supervised term."""
-        return self not in (Origin.RESCUE, Origin.PRIVILEGED)
+        """Enters the advantage estimate; rescue, privileged and dataset rows are trained only by a supervised
+        (or preference) term."""
+        return self not in (Origin.RESCUE, Origin.PRIVILEGED, Origin.DATASET)
 
     @property
     def brings_logprobs(self) -> bool:

@@ -69,6 +69,28 @@ def _check_rows(rows: list[dict[str, Any]], source: str) -> None:
             raise TaskError(f"{source}: row {i} has no gold answer (set task.answer_field)")
 
 
+def chat_message(msg: Any, at: str) -> dict[str, Any]:
+    """One validated chat message: a dict with a known role and string content (keys whose value is None, which
+    `datasets` adds to structs that lack them, dropped). An assistant message with `tool_calls` (a list) may lack
+    content; it gets "". `at` names the message in the errors."""
+    if not isinstance(msg, dict):
+        raise TaskError(f"{at} is {type(msg).__name__}, not a {{role, content}} object")
+    msg = {k: v for k, v in msg.items() if v is not None}
+    role = msg.get("role")
+    if role not in CHAT_ROLES:
+        raise TaskError(f"{at} has role {role!r}; expected one of {', '.join(CHAT_ROLES)}")
+    if "tool_calls" in msg and (role != "assistant" or not isinstance(msg["tool_calls"], (list, tuple))):
+        raise TaskError(f"{at} ({role}) has tool_calls; only an assistant message may, as a list of calls")
+    if "tool_calls" in msg:
+        msg.setdefault("content", "")
+    content = msg.get("content")
+    if not isinstance(content, str):
+        kind = "missing" if content is None else f"a {type(content).__name__}"
+        raise TaskError(f"{at} ({role}) content is {kind}, not a string (content parts and images "
+                        "are not supported)")
+    return msg
+
+
 def chat_messages(value: Any, where: str) -> list[dict[str, Any]]:
     """Validate a chat prompt: a non-empty list of ``{"role", "content"}`` dicts, content a string.
 
@@ -79,21 +101,7 @@ def chat_messages(value: Any, where: str) -> list[dict[str, Any]]:
     """
     if not isinstance(value, (list, tuple)) or not value:
         raise TaskError(f"{where}: a chat prompt must be a non-empty list of {{role, content}} messages")
-    messages = []
-    for j, msg in enumerate(value):
-        at = f"{where}: message {j}"
-        if not isinstance(msg, dict):
-            raise TaskError(f"{at} is {type(msg).__name__}, not a {{role, content}} object")
-        msg = {k: v for k, v in msg.items() if v is not None}
-        role = msg.get("role")
-        if role not in CHAT_ROLES:
-            raise TaskError(f"{at} has role {role!r}; expected one of {', '.join(CHAT_ROLES)}")
-        content = msg.get("content")
-        if not isinstance(content, str):
-            kind = "missing" if content is None else f"a {type(content).__name__}"
-            raise TaskError(f"{at} ({role}) content is {kind}, not a string (content parts and images "
-                            "are not supported)")
-        messages.append(msg)
+    messages = [chat_message(msg, f"{where}: message {j}") for j, msg in enumerate(value)]
     if not any(m["role"] == "user" for m in messages):
         raise TaskError(f"{where}: the chat prompt has no user message")
     if messages[-1]["role"] == "assistant":
@@ -226,7 +234,7 @@ def text_lines(path: Path) -> Iterator[tuple[int, str]]:
                 yield n, line
 
 
-def _read_jsonl(path: Path, key: str) -> tuple[list[Any], list[int]]:
+def read_jsonl(path: Path, key: str) -> tuple[list[Any], list[int]]:
     """A JSON-lines file's records and their line numbers."""
     if not path.is_file():
         raise TaskError(f"{key}: no such file {path}")
@@ -245,12 +253,12 @@ def jsonl_task(cfg: TaskConfig) -> TaskData:
     """`task.dataset` is the file. `task.params.eval_dataset`, a second such file, holds the held-out rows;
     without it they are taken from the dataset (`split_rows`)."""
     path = Path(cfg.dataset)
-    records, lines = _read_jsonl(path, "task.dataset")
+    records, lines = read_jsonl(path, "task.dataset")
     rows = _normalise(records, cfg, str(path), lines)
     if cfg.params.get("eval_dataset") is None:
         return split_rows(rows, cfg, str(path))
     held_path = Path(cfg.params["eval_dataset"])
-    records, lines = _read_jsonl(held_path, "task.params.eval_dataset")
+    records, lines = read_jsonl(held_path, "task.params.eval_dataset")
     return _with_held_out(rows, _normalise(records, cfg, str(held_path), lines, uid_prefix="eval-"), cfg,
                           str(held_path))
 
@@ -258,9 +266,9 @@ def jsonl_task(cfg: TaskConfig) -> TaskData:
 HF_FILE_KINDS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
-def _hf_rows(name: str, key: str, cfg: TaskConfig, split: str, uid_prefix: str = "") -> tuple[list[dict], str]:
-    """The rows of one Hugging Face dataset source (`name`: a hub id, a save_to_disk directory or a data file)
-    and the name errors give it."""
+def hf_records(name: str, key: str, params: dict[str, Any], split: str) -> tuple[list[dict], str]:
+    """The records of one Hugging Face dataset source (`name`: a hub id, a save_to_disk directory or a data file)
+    and the name errors give it. `params`: `subset` and `revision` for hub ids; `key` names the setting in errors."""
     import datasets
 
     from lmrl.models.loading import first_line, is_hub_id
@@ -269,7 +277,7 @@ def _hf_rows(name: str, key: str, cfg: TaskConfig, split: str, uid_prefix: str =
     source = str(path)
     if not path.exists() and is_hub_id(name):
         source = f"{name} (split {split!r})"
-        ds = _load_hub_dataset(name, cfg.params.get("subset"), split, cfg.params.get("revision"))
+        ds = _load_hub_dataset(name, params.get("subset"), split, params.get("revision"), key)
     elif not path.exists():
         raise TaskError(f"{key}: no dataset at {name}: no such file or directory (a save_to_disk directory, a data "
                         "file, or a hub id org/name)")
@@ -292,7 +300,13 @@ def _hf_rows(name: str, key: str, cfg: TaskConfig, split: str, uid_prefix: str =
             ds = datasets.load_dataset(kind, data_files=str(path), split="train")
         except Exception as err:  # noqa: BLE001 - whatever datasets says, with the file it could not read
             raise TaskError(f"{path}: datasets could not read it as {kind}: {first_line(err)}") from None
-    return _normalise([dict(r) for r in ds], cfg, source, uid_prefix=uid_prefix), source
+    return [dict(r) for r in ds], source
+
+
+def _hf_rows(name: str, key: str, cfg: TaskConfig, split: str, uid_prefix: str = "") -> tuple[list[dict], str]:
+    """The task rows of one Hugging Face dataset source and the name errors give it."""
+    records, source = hf_records(name, key, cfg.params, split)
+    return _normalise(records, cfg, source, uid_prefix=uid_prefix), source
 
 
 @TASKS.register("hf_dataset", "a Hugging Face dataset: a hub id (org/name), a save_to_disk directory or a data file",
@@ -314,7 +328,7 @@ def hf_dataset_task(cfg: TaskConfig) -> TaskData:
     return _with_held_out(rows, held, cfg, held_source)
 
 
-def _load_hub_dataset(repo_id: str, subset: str | None, split: str, revision: str | None):
+def _load_hub_dataset(repo_id: str, subset: str | None, split: str, revision: str | None, key: str = "task.dataset"):
     """A hub dataset, local caches first when offline.
 
     Two caches can hold it: the hub cache (raw repo files, as `hf download --repo-type dataset` leaves
@@ -344,7 +358,7 @@ def _load_hub_dataset(repo_id: str, subset: str | None, split: str, revision: st
         try:
             ds = attempt()
         except (KeyError, ValueError) as err:  # the dataset is there, but not this split or subset
-            raise TaskError(f"task.dataset {repo_id!r} (task.params subset={subset!r}, split={split!r}): "
+            raise TaskError(f"{key} {repo_id!r} (task.params subset={subset!r}, split={split!r}): "
                             f"{first_line(err)}") from None
         except Exception as err:  # noqa: BLE001 - not found, gated, offline: reported below with the caches
             errors.append(first_line(err))
@@ -353,7 +367,7 @@ def _load_hub_dataset(repo_id: str, subset: str | None, split: str, revision: st
             return ds
     folder = hub_repo_folder(repo_id, "dataset")
     raise TaskError(
-        f"task.dataset {repo_id!r} is not a local path and could not be loaded as a hub dataset: searched the hub "
+        f"{key} {repo_id!r} is not a local path and could not be loaded as a hub dataset: searched the hub "
         f"cache {folder} ({'exists' if folder.exists() else 'does not exist'}; HF_HUB_CACHE / HF_HOME) and the "
         f"datasets cache {datasets.config.HF_DATASETS_CACHE} (HF_DATASETS_CACHE). {offline_hint(repo_id, 'dataset')}."
         + (f" datasets said: {'; '.join(errors)}" if errors else "")
