@@ -111,3 +111,19 @@ preset("policy_split", "Policy Split: each prompt also rolled out with an explor
     # exact entropy with its gradient keeps several [tokens, vocab] tensors: smaller micro-batches
     "trainer.micro_batch_tokens": 2048,
     "task.prompt_variants": ["Explore: consider several different approaches before you settle on an answer."]})
+
+# Stages around RL: an offline batch source (`batches.source`) and the terms that train it (docs/stages/)
+preset("sft", "SFT: next-token NLL on the assistant's tokens of an offline dataset (batches.dataset)", {
+    "batches.source": "sft", "algo.terms": [{"name": "nll"}]})
+preset("dpo", "DPO (sigmoid, β 0.1) on preference pairs against the frozen initial policy", {
+    "batches.source": "pairs", "algo.terms": [{"name": "dpo", "params": {"beta": 0.1}}]})
+preset("ipo", "IPO (length-normalised, τ 0.1) on preference pairs against the frozen initial policy", {
+    "batches.source": "pairs", "algo.terms": [{"name": "dpo", "params": {"beta": 0.1, "loss_type": "ipo"}}]})
+preset("simpo", "SimPO (β 0.1, γ 0.5, TRL's defaults): reference-free, on average log-probs", {
+    "batches.source": "pairs", "algo.terms": [{"name": "simpo"}]})
+preset("orpo", "ORPO (λ 0.1): the chosen reply's NLL plus the odds-ratio loss, no reference", {
+    "batches.source": "pairs", "algo.terms": [{"name": "orpo"}]})
+preset("kto", "KTO (β 0.1): desirable / undesirable rows against the batch's KL reference point", {
+    "batches.source": "unpaired", "algo.terms": [{"name": "kto"}]})
+preset("reward_model", "Bradley–Terry reward model: a scalar head trained on preference pairs", {
+    "batches.source": "pairs", "algo.terms": [{"name": "bradley_terry"}]})

@@ -13,11 +13,10 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
 
 from lmrl.config import BatchesConfig
 from lmrl.registry import Registry
-from lmrl.types import Group, Sample
+from lmrl.types import Group
 
 
 @dataclass(frozen=True)
@@ -37,18 +36,16 @@ class OfflineData:
 
     train: list[Group]
     eval: list[Group] = field(default_factory=list)
-    dropped: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> rows, e.g. "had no assistant tokens to train on"
     source: str = ""
 
     def summary(self) -> str:
-        left_out = "; ".join(f"{n} left out: {why}" for why, n in self.dropped.items())
+        left_out = "; ".join(f"{n} row{'s' if n != 1 else ''} left out: {why}" for why, n in self.dropped.items())
         return (f"{self.source}: {len(self.train)} training rows, {len(self.eval)} held out"
                 + (f" ({left_out})" if left_out else ""))
 
 
 BATCH_SOURCES: Registry = Registry("batch source", declares=BatchSourceSpec)
-
-Encoder = Callable[[dict, str, Any, int], "list[Sample] | str"]  # (record, format, tokenizer, max_tokens)
 
 
 @BATCH_SOURCES.register("rollouts", "the policy's own rollouts of the task's prompts, scored by the reward (RL)",
@@ -58,69 +55,56 @@ def rollouts(cfg: BatchesConfig, tokenizer) -> None:
     return None
 
 
-def encoded_groups(cfg: BatchesConfig, tokenizer, encode: Encoder, fmt: str) -> OfflineData:
-    """Read `batches.dataset` (and `batches.params.eval_dataset`), encode every record into one group, and hold
-    `batches.num_eval` rows out (a seeded shuffle) when no eval dataset is given."""
-    from lmrl.data.sft import read_records
+def encoded_groups(cfg: BatchesConfig, tokenizer, formats: frozenset[str]) -> OfflineData:
+    """Read `batches.dataset` (held-out rows: `batches.params.eval_dataset` or `eval_split`), encode every record
+    as one group (a pair: [chosen, rejected]), and hold `batches.num_eval` rows out (a seeded shuffle) when no
+    held-out source is given. Rows that leave nothing to train are counted by reason (`OfflineData.dropped`)."""
+    from lmrl.data.sft import detect_format, encode_records, read_records, skipped_summary
 
     if cfg.dataset is None:
         raise ValueError(f"batches.source={cfg.source} reads an offline dataset: set batches.dataset")
     dropped: Counter = Counter()
+    assistant_only = bool(cfg.params.get("assistant_only", True))
 
-    def groups_of(records: list[dict], prefix: str) -> list[Group]:
-        out = []
-        for i, record in enumerate(records):
-            got = encode(record, fmt, tokenizer, cfg.max_tokens)
-            if isinstance(got, str):
-                dropped[got] += 1
-                continue
-            out.append(Group(f"{prefix}{i}", record, got))
-        return out
+    def groups_of(name: str, key: str, params: dict, prefix: str) -> list[Group]:
+        records = read_records(name, params, key=key)
+        fmt = detect_format(records, None if cfg.format == "auto" else cfg.format)
+        if fmt not in formats:
+            raise ValueError(f"{key} {name} is in the {fmt} format; batches.source={cfg.source} reads "
+                             f"{', '.join(sorted(formats))}")
+        items, skipped = encode_records(records, fmt, tokenizer, cfg.max_tokens, assistant_only)
+        dropped.update(skipped)
+        return [Group(f"{prefix}{i}", item[0].row if isinstance(item, tuple) else item.row,
+                      list(item) if isinstance(item, tuple) else [item]) for i, item in enumerate(items)]
 
-    train = groups_of(read_records(cfg.dataset, cfg.params), "row-")
-    held_name = cfg.params.get("eval_dataset")
-    if held_name is not None:
-        held = groups_of(read_records(held_name, {**cfg.params, "split": cfg.params.get("eval_split", "train")}),
-                         "eval-")[: cfg.num_eval or None]
+    train = groups_of(cfg.dataset, "batches.dataset", cfg.params, "row-")
+    held_name, held_split = cfg.params.get("eval_dataset"), cfg.params.get("eval_split")
+    if held_name is not None or held_split is not None:
+        params = {**cfg.params, "split": held_split or cfg.params.get("split", "train")}
+        held = groups_of(held_name or cfg.dataset, "batches.params.eval_dataset" if held_name else "batches.dataset",
+                         params, "eval-")[: cfg.num_eval or None]
     else:
         random.Random(cfg.params.get("seed", 0)).shuffle(train)
         held, train = train[: cfg.num_eval], train[cfg.num_eval:]
     if not train:
-        reasons = "; ".join(f"{n}: {why}" for why, n in dropped.items()) or "the dataset is empty"
-        raise ValueError(f"batches.dataset {cfg.dataset}: no row left to train on ({reasons})")
+        raise ValueError(f"batches.dataset {cfg.dataset}: no row left to train on"
+                         + (f" ({skipped_summary(dropped, cfg.max_tokens)})" if dropped else ""))
     return OfflineData(train, held, dict(dropped), f"{cfg.source} {cfg.dataset}")
 
 
 @BATCH_SOURCES.register("sft", "supervised rows (chat messages, prompt/completion or plain text): the loss on the "
                         "assistant's tokens", formats={"messages", "prompt_completion", "text"})
 def sft(cfg: BatchesConfig, tokenizer) -> OfflineData:
-    from lmrl.data.sft import encode_sft
-
-    assistant_only = bool(cfg.params.get("assistant_only", True))
-
-    def encode(record, fmt, tokenizer, max_tokens):
-        got = encode_sft(record, fmt, tokenizer, max_tokens, assistant_only=assistant_only)
-        return got if isinstance(got, str) else [got]
-    return encoded_groups(cfg, tokenizer, encode, cfg.format)
+    return encoded_groups(cfg, tokenizer, BATCH_SOURCES.spec("sft").formats)
 
 
 @BATCH_SOURCES.register("pairs", "preference pairs (chosen / rejected, TRL's format): one group per pair",
                         pairs=True, formats={"preference"})
 def pairs(cfg: BatchesConfig, tokenizer) -> OfflineData:
-    from lmrl.data.sft import encode_pair
-
-    def encode(record, fmt, tokenizer, max_tokens):
-        got = encode_pair(record, fmt, tokenizer, max_tokens)
-        return got if isinstance(got, str) else list(got)
-    return encoded_groups(cfg, tokenizer, encode, cfg.format)
+    return encoded_groups(cfg, tokenizer, BATCH_SOURCES.spec("pairs").formats)
 
 
 @BATCH_SOURCES.register("unpaired", "rows labelled desirable or not (prompt, completion, label: KTO's format)",
                         formats={"unpaired"})
 def unpaired(cfg: BatchesConfig, tokenizer) -> OfflineData:
-    from lmrl.data.sft import encode_unpaired
-
-    def encode(record, fmt, tokenizer, max_tokens):
-        got = encode_unpaired(record, fmt, tokenizer, max_tokens)
-        return got if isinstance(got, str) else [got]
-    return encoded_groups(cfg, tokenizer, encode, cfg.format)
+    return encoded_groups(cfg, tokenizer, BATCH_SOURCES.spec("unpaired").formats)

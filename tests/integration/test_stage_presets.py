@@ -1,0 +1,80 @@
+"""The stage presets end to end on a tiny model, from dataset files as users write them: `algo.preset=sft` trains
+the assistant's tokens of chat rows only, `algo.preset=dpo` starts at log 2 and prefers the chosen replies, and
+a bad dataset fails before any model loads."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import make_tokenizer, toy_run_config
+from lmrl.config import ConfigError
+from lmrl.loops import build_stages, train
+from lmrl.models import tiny_llama
+
+
+def chats(path, n=12):
+    rows = [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"q{i % 5}"},
+                          {"role": "assistant", "content": "a7"}, {"role": "user", "content": "again"},
+                          {"role": "assistant", "content": "77"}]} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def preferences(path, n=12):
+    rows = [{"prompt": [{"role": "user", "content": f"q{i % 5} say 7"}], "chosen": [{"role": "assistant", "content": "7"}],
+             "rejected": [{"role": "assistant", "content": f"{i % 3}x"}]} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def run(cfg):
+    tok = make_tokenizer()
+    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
+    result = train(cfg, stages=stages)
+    return [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()], stages
+
+
+def test_sft_trains_the_assistant_tokens_only(tmp_path):
+    cfg = toy_run_config(tmp_path, 10, algo={"preset": "sft"}, trainer={"lr": 1e-2},
+                         batches={"dataset": str(chats(tmp_path / "chats.jsonl")), "size": 4, "num_eval": 2},
+                         eval={"at_start": True, "at_end": True, "num_prompts": 2})
+    rows, stages = run(cfg)
+    sample = stages.offline.train[0].samples[0]
+    tok = stages.tokenizer
+    trained = [t for t, m in zip(sample.completion_ids, sample.loss_mask) if m]
+    assert tok.decode(trained) == "a7<|im_end|>77<|im_end|>"  # both assistant turns, their end-of-turn tokens
+    steps = [r for r in rows if "nll" in r]
+    assert steps[0]["data/trained_tokens"] == 4 * 6
+    assert steps[-1]["nll"] < 0.5 * steps[0]["nll"]
+    evals = [r for r in rows if "eval/loss" in r]
+    assert len(evals) == 2 and evals[-1]["eval/loss"] < evals[0]["eval/loss"]
+
+
+def test_dpo_starts_at_log_2_and_prefers_the_chosen_replies(tmp_path):
+    cfg = toy_run_config(tmp_path, 8, algo={"preset": "dpo"}, trainer={"lr": 1e-2},
+                         batches={"dataset": str(preferences(tmp_path / "pairs.jsonl")), "size": 4})
+    rows, stages = run(cfg)
+    assert stages.learner.needs_reference
+    chosen, rejected = stages.offline.train[0].samples
+    assert chosen.prompt_ids == rejected.prompt_ids
+    steps = [r for r in rows if "pref/loss" in r]
+    assert steps[0]["pref/loss"] == pytest.approx(0.693147, abs=1e-5)
+    assert steps[-1]["pref/loss"] < 0.3 and steps[-1]["pref/reward_accuracy"] == 1.0
+
+
+def test_a_dataset_in_another_format_fails_before_the_model_loads(tmp_path):
+    cfg = toy_run_config(tmp_path, 1, algo={"preset": "dpo"},
+                         batches={"dataset": str(chats(tmp_path / "chats.jsonl"))})
+    with pytest.raises(ConfigError, match="messages format; batches.source=pairs reads preference"):
+        build_stages(cfg, model=object(), tokenizer=make_tokenizer())
+    with pytest.raises(ConfigError, match="compares the rows of a preference pair"):
+        toy_run_config(tmp_path, 1, algo={"terms": [{"name": "dpo"}]})
+
+
+def test_a_preset_stage_dry_runs_from_the_command_line(tmp_path):
+    data = chats(tmp_path / "chats.jsonl")
+    out = subprocess.run([sys.executable, "-m", "lmrl.cli", "train", "quickstart", "algo.preset=sft",
+                          f"batches.dataset={data}", "--dry-run"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "source: sft" in out.stdout and "name: nll" in out.stdout
