@@ -179,7 +179,10 @@ def _batches(cfg: Config) -> None:
     if spec.online:
         return
     source = f"batches.source={b.source} trains on the rows of an offline dataset"
-    if b.dataset is None:
+    if spec.task_rows and cfg.task.demonstration is None:
+        raise ConfigError(f"batches.source={b.source} reads the task's rows with their reference completion: set "
+                          "task.demonstration, a template over the row's fields (e.g. 'Answer: {answer}')")
+    if b.dataset is None and not spec.task_rows:
         raise ConfigError(f"{source}: set batches.dataset (a .jsonl/.json/.csv/.parquet file, a save_to_disk "
                           "directory or a hub id)")
     if b.format != "auto" and b.format not in spec.formats:

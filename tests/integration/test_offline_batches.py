@@ -17,12 +17,12 @@ from lmrl.data import OfflineData
 from lmrl.types import Group, Origin, Sample
 
 
-def token_rows(cfg, tokenizer):
-    rows = [json.loads(line) for line in open(cfg.dataset)]
+def token_rows(cfg, tokenizer, task_rows, task_eval_rows):
+    rows = [json.loads(line) for line in open(cfg.batches.dataset)]
     groups = [Group(f"row-{i}", r, [Sample(r["prompt"], r["completion"], [0.0] * len(r["completion"]),
                                            origin=Origin.DEMONSTRATION, loss_mask=r.get("mask"))])
               for i, r in enumerate(rows)]
-    return OfflineData(groups[cfg.num_eval:], groups[: cfg.num_eval], {}, "token rows")
+    return OfflineData(groups[cfg.batches.num_eval:], groups[: cfg.batches.num_eval], {}, "token rows")
 '''
 
 

@@ -12,10 +12,10 @@ from lmrl.models import tiny_llama
 from lmrl.types import Group, Origin, Sample
 
 
-def pairs_of(cfg, tokenizer) -> OfflineData:
+def pairs_of(cfg, tokenizer, task_rows, task_eval_rows) -> OfflineData:
     """Token-id pairs of `batches.dataset`: one group per pair, its chosen row first."""
     groups = []
-    for i, line in enumerate(open(cfg.dataset)):
+    for i, line in enumerate(open(cfg.batches.dataset)):
         r = json.loads(line)
         groups.append(Group(f"pair-{i}", r, [
             Sample(r["prompt"], c, [0.0] * len(c), origin=Origin.DEMONSTRATION, info={"preference": which})
@@ -23,9 +23,9 @@ def pairs_of(cfg, tokenizer) -> OfflineData:
     return OfflineData(groups, [], {}, "token pairs")
 
 
-def unpaired_of(cfg, tokenizer) -> OfflineData:
+def unpaired_of(cfg, tokenizer, task_rows, task_eval_rows) -> OfflineData:
     """The same file's completions as unpaired rows: chosen ones desirable, rejected ones not."""
-    rows = [json.loads(line) for line in open(cfg.dataset)]
+    rows = [json.loads(line) for line in open(cfg.batches.dataset)]
     return OfflineData([Group(f"{which}-{i}", r, [Sample(r["prompt"], r[which], [0.0] * len(r[which]),
                                                           origin=Origin.DEMONSTRATION,
                                                           info={"desirable": which == "chosen"})])

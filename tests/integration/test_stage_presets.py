@@ -78,3 +78,19 @@ def test_a_preset_stage_dry_runs_from_the_command_line(tmp_path):
                           f"batches.dataset={data}", "--dry-run"], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "source: sft" in out.stdout and "name: nll" in out.stdout
+
+
+def test_the_tasks_own_demonstrations_are_a_cold_start(tmp_path):
+    """SFT on the task rows' reference answers, prompts as rollouts see them: held-out accuracy goes to 1."""
+    cfg = toy_run_config(tmp_path, 12, algo={"preset": "sft"}, trainer={"lr": 1e-2},
+                         task={"demonstration": "{answer}"},
+                         batches={"source": "demonstrations", "size": 8, "num_eval": 4},
+                         eval={"at_start": True, "at_end": True, "num_prompts": 8, "temperature": 0.2})
+    rows, stages = run(cfg)
+    x = stages.offline.train[0].samples[0]
+    assert x.prompt_ids == stages.offline.train[0].row["prompt_ids"]
+    assert stages.tokenizer.decode(x.completion_ids) == "7<|im_end|>"
+    evals = [r for r in rows if "eval/accuracy" in r]
+    assert evals[0]["eval/accuracy"] < 0.5 and evals[-1]["eval/accuracy"] == 1.0
+    losses = [r["eval/loss"] for r in rows if "eval/loss" in r]
+    assert losses[-1] < 0.1 * losses[0]

@@ -5,8 +5,10 @@ reward: the RL step, with advantages and the policy-gradient term. Every other s
 dataset read once, encoded into token ids once (`Sample`s of origin `DATASET`) and trained by the terms
 of `algo.terms` alone: `sft` (demonstrations, loss on the assistant's tokens), `pairs` (preference
 pairs, one group of [chosen, rejected] each, for DPO-family and reward-model terms) and `unpaired`
-(KTO's desirable / undesirable rows). An entry is a function `(batches config, tokenizer) ->
-OfflineData`; its `BatchSourceSpec` says what the loop and the validation derive from it.
+(KTO's desirable / undesirable rows), and `demonstrations` (the task's own rows with their reference
+completion, `task.demonstration`: an SFT cold start on the task RL trains next). An entry is a function
+`(config, tokenizer, task rows, held-out task rows) -> OfflineData`; its `BatchSourceSpec` says what the
+loop and the validation derive from it.
 """
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from lmrl.config import BatchesConfig
+from lmrl.config import BatchesConfig, Config
 from lmrl.registry import Registry
-from lmrl.types import Group
+from lmrl.data.demonstrations import demonstration_sample
+from lmrl.types import Group, Origin
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class BatchSourceSpec:
     online: bool = False  # the loop rolls the policy out for it: rewards, advantages, the policy-gradient term
     pairs: bool = False  # each group is a preference pair (chosen, rejected): what pairwise terms compare
     formats: frozenset[str] = frozenset()  # the dataset formats it reads (`batches.format`)
+    task_rows: bool = False  # reads the task's rows (not batches.dataset)
 
     def __post_init__(self):
         object.__setattr__(self, "formats", frozenset(self.formats))
@@ -50,7 +54,7 @@ BATCH_SOURCES: Registry = Registry("batch source", declares=BatchSourceSpec)
 
 @BATCH_SOURCES.register("rollouts", "the policy's own rollouts of the task's prompts, scored by the reward (RL)",
                         online=True)
-def rollouts(cfg: BatchesConfig, tokenizer) -> None:
+def rollouts(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> None:
     """Made by the step loop itself (`loops.inline`, `loops.background`): there is nothing to read up front."""
     return None
 
@@ -94,17 +98,30 @@ def encoded_groups(cfg: BatchesConfig, tokenizer, formats: frozenset[str]) -> Of
 
 @BATCH_SOURCES.register("sft", "supervised rows (chat messages, prompt/completion or plain text): the loss on the "
                         "assistant's tokens", formats={"messages", "prompt_completion", "text"})
-def sft(cfg: BatchesConfig, tokenizer) -> OfflineData:
-    return encoded_groups(cfg, tokenizer, BATCH_SOURCES.spec("sft").formats)
+def sft(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> OfflineData:
+    return encoded_groups(cfg.batches, tokenizer, BATCH_SOURCES.spec("sft").formats)
 
 
 @BATCH_SOURCES.register("pairs", "preference pairs (chosen / rejected, TRL's format): one group per pair",
                         pairs=True, formats={"preference"})
-def pairs(cfg: BatchesConfig, tokenizer) -> OfflineData:
-    return encoded_groups(cfg, tokenizer, BATCH_SOURCES.spec("pairs").formats)
+def pairs(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> OfflineData:
+    return encoded_groups(cfg.batches, tokenizer, BATCH_SOURCES.spec("pairs").formats)
 
 
 @BATCH_SOURCES.register("unpaired", "rows labelled desirable or not (prompt, completion, label: KTO's format)",
                         formats={"unpaired"})
-def unpaired(cfg: BatchesConfig, tokenizer) -> OfflineData:
-    return encoded_groups(cfg, tokenizer, BATCH_SOURCES.spec("unpaired").formats)
+def unpaired(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> OfflineData:
+    return encoded_groups(cfg.batches, tokenizer, BATCH_SOURCES.spec("unpaired").formats)
+
+
+@BATCH_SOURCES.register("demonstrations", "the task's own rows, each with its reference completion "
+                        "(task.demonstration): an SFT cold start on the task RL trains next", task_rows=True)
+def task_demonstrations(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> OfflineData:
+    """The prompt exactly as a rollout of the row sees it (chat template, system prompt), followed by
+    `task.demonstration` filled from the row and EOS; the held-out task rows give the eval loss."""
+    def groups(of: list[dict], prefix: str) -> list[Group]:
+        return [Group(f"{prefix}{i}", row, [demonstration_sample(tokenizer, row, cfg.task.demonstration,
+                                                                 tokenizer.eos_token_id, Origin.DATASET)])
+                for i, row in enumerate(of)]
+    return OfflineData(groups(rows, "row-"), groups(eval_rows[: cfg.batches.num_eval], "eval-"), {},
+                       f"demonstrations of task {cfg.task.name} ({cfg.task.demonstration!r})")

@@ -87,7 +87,7 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
         check_row_fields(cfg, pieces.train_rows)
         sampler = build_sampler(cfg, pieces.train_rows)
         if not rollouts:
-            offline = read_offline(cfg, pieces.tokenizer)
+            offline = read_offline(cfg, pieces.tokenizer, pieces.train_rows, pieces.eval_rows)
             if shown:
                 print(f"batches: {offline.summary()}", file=sys.stderr, flush=True)
 
@@ -113,10 +113,10 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
     )
 
 
-def read_offline(cfg: Config, tokenizer) -> OfflineData:
+def read_offline(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> OfflineData:
     """The offline batch source's rows, read and encoded (a bad dataset is a ConfigError naming it)."""
     try:
-        return BATCH_SOURCES.get(cfg.batches.source)(cfg.batches, tokenizer)
+        return BATCH_SOURCES.get(cfg.batches.source)(cfg, tokenizer, rows, eval_rows)
     except (ValueError, OSError) as err:
         raise ConfigError(f"batches: {err}") from None
 
