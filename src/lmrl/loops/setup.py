@@ -59,10 +59,12 @@ def preflight(cfg: Config, rows: int = 16, resume: Path | None = None, trains: b
     tokenizer = load_tokenizer(path)
     task = load_task(cfg.task)
     check_rows_for_a_step(cfg, len(task.train), task)
-    train, _, _ = encode_task(cfg, tokenizer, TaskData(task.train[:rows], task.eval[:1]))
+    train, held, _ = encode_task(cfg, tokenizer, TaskData(task.train[:rows], task.eval[:1]))
     check_row_fields(cfg, train)
+    offline = "" if BATCH_SOURCES.spec(cfg.batches.source).online else \
+        f"; batches: {read_offline(cfg, tokenizer, train, held).summary()}"
     return (f"model {path} on {device}; task {cfg.task.name}: {task.summary()}; the first {len(train)} training rows "
-            f"load with fields {sorted(train[0])}" + (f"; run directory {where}" if where else ""))
+            f"load with fields {sorted(train[0])}{offline}" + (f"; run directory {where}" if where else ""))
 
 
 def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
