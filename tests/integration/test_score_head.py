@@ -16,7 +16,7 @@ from lmrl import cli
 from lmrl.algos import Algorithm
 from lmrl.algos.terms import TERMS
 from lmrl.config import AlgoConfig, TermConfig, TrainerConfig
-from lmrl.learners import Learner
+from lmrl.learners import Learner, load_checkpoint, save_checkpoint
 from lmrl.learners.checkpoint import saved_module
 from lmrl.loading import build_config
 from lmrl.loops import build_stages, train
@@ -106,7 +106,7 @@ def test_the_gradient_reaches_the_trunk_and_the_head_as_in_transformers(share_pr
     assert torch.allclose(q_proj.grad, hf.model.layers[0].self_attn.q_proj.weight.grad, atol=1e-5)
 
 
-def test_a_term_reading_the_score_makes_the_learner_train_a_head_at_the_policy_lr():
+def test_a_term_reading_the_score_makes_the_learner_train_a_head_at_the_policy_lr(tmp_path):
     algo = Algorithm(AlgoConfig(terms=[TermConfig(name="score_to_one", coef=1.0)]), max_new_tokens=6)
     assert algo.needs == {"score"} and algo.score_head
     assert not Algorithm(AlgoConfig(), max_new_tokens=6).score_head
@@ -120,6 +120,12 @@ def test_a_term_reading_the_score_makes_the_learner_train_a_head_at_the_policy_l
     after = learner.model_outputs(batch, {"score"})["score"]
     assert not torch.equal(before, learner.score_head.weight)
     assert float(((after - 1) ** 2).mean()) < float(((first - 1) ** 2).mean())
+    path = save_checkpoint(tmp_path, 1, learner.model, make_tokenizer(), learner.optimizer, learner.scheduler,
+                           {"step": 1}, modules=learner.modules())
+    other = Learner(model(), TrainerConfig(bf16=False, seed=5), score_head=True)
+    load_checkpoint(path, other.model, other.optimizer, other.scheduler, modules=other.modules())
+    assert torch.equal(other.score_head.weight, learner.score_head.weight)
+    assert torch.equal(other.model_outputs(batch, {"score"})["score"], after)
 
 
 def scored_batch(rm: RewardModelScore, pairs: list[tuple[str, str]]):
