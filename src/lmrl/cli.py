@@ -178,7 +178,9 @@ def cmd_eval(args) -> int:
 
 
 def cmd_export(args) -> int:
-    """A run's checkpoint as a plain transformers directory, LoRA adapters merged into the weights."""
+    """A run's checkpoint as a plain transformers directory, LoRA adapters merged into the weights; a run
+    that trained a reward model's score head exports a sequence-classification model."""
+    from lmrl.learners.checkpoint import saved_module
     from lmrl.models.checkpoint_dirs import list_checkpoints
     from lmrl.models.lora import export_merged
 
@@ -190,8 +192,11 @@ def cmd_export(args) -> int:
     step = max(by_step) if args.step is None else args.step
     if step not in by_step:
         raise ConfigError(f"{args.run} has no checkpoint at step {step}; it has steps {sorted(by_step)}")
-    out = export_merged(by_step[step] / "model", cfg.model.path, cfg.model.lora, Path(args.merge))
-    console.print(f"exported step {step} of {args.run} to {out}", soft_wrap=True, highlight=False)
+    head = saved_module(by_step[step], "score_head")
+    out = export_merged(by_step[step] / "model", cfg.model.path, cfg.model.lora, Path(args.merge),
+                        score_weight=None if head is None else head["weight"])
+    kind = "a reward model (sequence classification)" if head is not None else "a causal LM"
+    console.print(f"exported step {step} of {args.run} to {out} as {kind}", soft_wrap=True, highlight=False)
     return 0
 
 
@@ -268,7 +273,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--reward-seeking", metavar="PROBE_YAML", help="also measure reward-seeking with this probe")
     e.add_argument("--dry-run", action="store_true", help="check the model, data and settings; print the config")
     e.set_defaults(fn=cmd_eval)
-    x = sub.add_parser("export", help="write a run's checkpoint as a transformers model directory (LoRA merged)")
+    x = sub.add_parser("export", help="write a run's checkpoint as a transformers model directory (LoRA merged; "
+                                            "a reward model as a sequence-classification model)")
     x.add_argument("run", help="run directory, e.g. runs/quickstart-...")
     x.add_argument("--step", type=int, help="checkpoint step (default: the latest complete checkpoint)")
     x.add_argument("--merge", required=True, metavar="OUT_DIR",

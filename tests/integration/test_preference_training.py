@@ -92,3 +92,17 @@ def test_kto_starts_at_one_half_and_learns_the_labels(tmp_path):
     assert steps[0]["pref/loss"] == pytest.approx(0.5, abs=1e-6) and steps[0]["pref/kl_reference"] == 0.0
     assert steps[-1]["pref/loss"] < 0.5
     assert steps[-1]["pref/chosen_reward"] > 0 > steps[-1]["pref/rejected_reward"]
+
+
+def test_bradley_terry_trains_a_score_head_that_ranks_the_chosen_replies_first(tmp_path):
+    cfg = toy_run_config(tmp_path, 8, batches=pair_source(tmp_path), algo={"terms": [{"name": "bradley_terry"}]},
+                         trainer={"lr": 1e-2, "share_prompt": True})
+    tok = make_tokenizer()
+    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
+    result = train(cfg, stages=stages)
+    steps = [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "rm/loss" in r]
+    assert stages.learner.score_head is not None and len(steps) == 8
+    assert steps[0]["rm/loss"] == pytest.approx(0.693147, abs=0.05)  # a fresh head scores every row near 0
+    assert steps[-1]["rm/loss"] < steps[0]["rm/loss"] and steps[-1]["rm/margin"] > 0
+    assert steps[-1]["rm/accuracy"] == 1.0

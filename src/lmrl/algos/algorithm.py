@@ -3,14 +3,15 @@
 It turns a rollout batch into per-token advantages (`prepare`) and defines the objective the
 learner minimises (`objective`). The learner only sees these methods and what the algorithm
 declares it needs (`prepare_outputs`: model outputs before `prepare`; `needs`: model outputs in the
-training forward; `critic`: a value head), never the names. What the configured estimator and loss
-need and guarantee is read from their declarations (`ADVANTAGES.spec`, `LOSSES.spec`). Methods with
-state between steps (`algos/state.py`) are driven through `after_update` and `replays`. The
-objective is the sum of the registered terms the config switches on (`algos/terms.py`: policy
-gradient, KL, distillation under a privileged context, entropy, demonstration NLL, value, and any
-the entries of `algo.terms`); the algorithm composes them and names none. Rewards and advantages pass
-through the registered shapers of the config (`algos/shapers.py`: KL in the reward, and the entries of
-`algo.shaping` such as overlong shaping or cost-aware draws), applied by stage and named nowhere here.
+training forward; `critic`: a value head; `score_head`: a reward model's scalar head), never the
+names. What the configured estimator and loss need and guarantee is read from their declarations
+(`ADVANTAGES.spec`, `LOSSES.spec`). Methods with state between steps (`algos/state.py`) are driven
+through `after_update` and `replays`. The objective is the sum of the registered terms the config
+switches on (`algos/terms.py`: policy gradient, KL, distillation under a privileged context,
+entropy, demonstration NLL, value, and any the entries of `algo.terms`); the algorithm composes them
+and names none. Rewards and advantages pass through the registered shapers of the config
+(`algos/shapers.py`: KL in the reward, and the entries of `algo.shaping` such as overlong shaping or
+cost-aware draws), applied by stage and named nowhere here.
 """
 from __future__ import annotations
 
@@ -87,7 +88,12 @@ class Algorithm:
     @property
     def needs(self) -> set[str]:
         """Model outputs the learner adds to `LossInputs.extras` in the training forward."""
-        return (self.term_inputs | self.loss_spec.requires) & {"values", "hidden"}
+        return (self.term_inputs | self.loss_spec.requires) & {"values", "hidden", "score"}
+
+    @property
+    def score_head(self) -> bool:
+        """A reward model's scalar head is trained (a term reads its "score" of each row's last token)."""
+        return "score" in self.needs
 
     @property
     def hidden_layer(self) -> int:

@@ -1,8 +1,8 @@
 """Atomic checkpoints: a directory written under a temporary name, then renamed into place.
 
 Holds transformers-loadable safetensors weights (for a LoRA run, peft's adapter files instead), the
-optimiser and scheduler, the learner's own modules besides the policy (e.g. a value head, in
-`modules.safetensors`), and a pickled state (`state.pt`) whose parts `loops.run_state.RunState`
+optimiser and scheduler, the learner's own modules besides the policy (e.g. a value head or a reward
+model's score head, in `modules.safetensors`), and a pickled state (`state.pt`) whose parts `loops.run_state.RunState`
 lists, so that `--resume` reproduces an uninterrupted run exactly. Checkpoints are device-independent: everything loads onto the CPU
 first and is then copied into the (possibly CUDA) parameters and optimiser state.
 """
@@ -115,6 +115,17 @@ def save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, schedule
     for old in list_checkpoints(root)[:-keep]:
         remove_checkpoint(old)
     return final
+
+
+def saved_module(path: Path, name: str) -> dict[str, torch.Tensor] | None:
+    """The tensors of the module `name` (e.g. "score_head") saved with checkpoint `path`, by parameter name;
+    None when the checkpoint has none."""
+    file = path / "modules.safetensors"
+    if not file.exists():
+        return None
+    prefix = f"{name}."
+    tensors = {k[len(prefix):]: v for k, v in load_file(str(file)).items() if k.startswith(prefix)}
+    return tensors or None
 
 
 def _load_modules(path: Path, modules: dict[str, torch.nn.Module]) -> None:

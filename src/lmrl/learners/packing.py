@@ -4,7 +4,8 @@ A packed row is `prompt, completion_1, …, completion_G`. Each completion atten
 causally to itself, never to its siblings; its position ids continue from the prompt's end. The
 forward pass therefore gives exactly the per-sample log-probs of separate rows, while the prompt's
 tokens are processed once per group instead of G times (GRPO groups share their prompt). Only the
-positions that predict a generated token reach the LM head.
+positions that predict a generated token reach the LM head; each row's last token (`last_row`,
+`last_pos`) is where a sequence-level head (the reward model's score) reads it.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ class PackedBatch:
     dst_t: torch.Tensor  # [N] its (shifted) position in that Batch row
     targets: torch.Tensor  # [N] the token being predicted
     lengths: list[int]  # packed row lengths
+    last_row: torch.Tensor  # [b] packed row holding each Batch row's last token
+    last_pos: torch.Tensor  # [b] that token's position in the packed row
 
 
 def prompt_length(batch: Batch, row: int) -> int:
@@ -55,6 +58,7 @@ def pack(batch: Batch, units: list[list[int]], pad_id: int) -> PackedBatch:
     pos = torch.zeros((n, width), dtype=torch.long)
     mask = torch.zeros((n, 1, width, width), dtype=torch.bool)
     src_row, src_pos, dst_row, dst_t, targets = [], [], [], [], []
+    last_row, last_pos = [0] * batch.num_rows, [0] * batch.num_rows
     causal = torch.ones((width, width), dtype=torch.bool).tril()
     for i, rows in enumerate(units):
         p = prompt_length(batch, rows[0])
@@ -78,12 +82,13 @@ def pack(batch: Batch, units: list[list[int]], pad_id: int) -> PackedBatch:
             dst_row += [r] * c
             dst_t += list(range(p - 1, p - 1 + c))
             targets += comp.tolist()
+            last_row[r], last_pos[r] = i, cursor + c - 1 if c else p - 1
             cursor += c
         for j in range(cursor, width):  # padding attends to itself only (no empty softmax rows)
             mask[i, 0, j, j] = True
     as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
     return PackedBatch(ids, pos, mask, as_long(src_row), as_long(src_pos), as_long(dst_row), as_long(dst_t),
-                       as_long(targets), lengths)
+                       as_long(targets), lengths, as_long(last_row), as_long(last_pos))
 
 
 def fill_budget(lengths: list[int], budget: int) -> list[list[int]]:

@@ -3,8 +3,9 @@
 It is blind to the algorithm: it asks it to prepare advantages and to score micro-batches
 (`Algorithm.objective`), and only handles tensors, precision, memory and the optimiser. Beyond
 log-probs, the packed forward can give the model outputs an algorithm declares (`MODEL_OUTPUTS`:
-value-head values, hidden states, exact token entropies) at the generated positions; the value
-head is a `Linear(hidden, 1)` the learner owns when asked for a critic.
+value-head values, hidden states, exact token entropies) at the generated positions, and a reward
+model's score at each row's last token; the value head and the score head are `Linear(hidden, 1)`
+layers the learner owns when asked for a critic or a score head.
 
 Data-parallel training goes through `parallel` (`lmrl.dist`): which rows this process trains on,
 the global denominators, the gradient all-reduce; on one process those hooks do nothing. A batch
@@ -39,14 +40,16 @@ class Learner:
     model's parameters.
 
     `critic_lr` is the value head's learning rate; with `critic_shares_trunk` the value loss also
-    reaches the policy's layers, otherwise the head reads detached hidden states. The reference is
-    a frozen copy of the model, or for a peft model the model itself with its adapters disabled.
+    reaches the policy's layers, otherwise the head reads detached hidden states. `score_head`: a
+    reward model's scalar head (`score_head_for`), trained with the policy's learning rate and
+    clipped with it, as one model. The reference is a frozen copy of the model, or for a peft model
+    the model itself with its adapters disabled.
     `parallel`: the data-parallel hooks (default: one process); replicas start from rank 0's weights.
     """
 
     def __init__(self, model, cfg: TrainerConfig, temperature: float = 1.0, needs_reference: bool = False,
                  bf16: bool = False, critic: bool = False, critic_lr: float = 1e-3, critic_shares_trunk: bool = False,
-                 parallel: Parallel | None = None):
+                 score_head: bool = False, parallel: Parallel | None = None):
         self.parallel = parallel or Parallel()
         self.parallel.broadcast(model.parameters())
         self.model = model
@@ -67,6 +70,9 @@ class Learner:
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
             groups.append({"params": list(self.value_head.parameters()), "lr": critic_lr, "weight_decay": 0.0})
+        self.score_head = score_head_for(model, cfg.seed).to(self.device) if score_head else None
+        if self.score_head is not None:
+            groups.append({"params": list(self.score_head.parameters())})
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
                                            **_adamw_kernel([p for g in groups for p in g["params"]]))
         warmup = cfg.warmup_steps
@@ -95,7 +101,8 @@ class Learner:
 
     def modules(self) -> dict[str, torch.nn.Module]:
         """Trainable modules besides the policy (saved and restored with checkpoints)."""
-        return {"value_head": self.value_head} if self.value_head is not None else {}
+        heads = {"value_head": self.value_head, "score_head": self.score_head}
+        return {name: head for name, head in heads.items() if head is not None}
 
     def forward_logprobs(self, model, batch: Batch, with_entropy: bool, outputs: frozenset[str] | set[str] = frozenset(),
                          hidden_layer: int = -1) -> dict[str, torch.Tensor]:
@@ -103,10 +110,13 @@ class Learner:
 
         Returns {"logp", "entropy" (None unless `with_entropy`), and each of `outputs`}: "values"
         [b, T-1] from the value head, "hidden" [b, T-1, H] (detached; `hidden_layer` indexes the
-        decoder's hidden states), "token_entropy" [b, T-1] (detached). Position t is the one that
-        predicts token t+1, as for the log-probs. Rows are packed (`packing.py`): with
-        `share_prompt`, a prompt's samples share one prompt pass; only positions that predict a
-        generated token reach the LM head and the value head.
+        decoder's hidden states), "token_entropy" [b, T-1] (detached), "score" [b] from the score
+        head on the final-norm hidden state of each row's last token (its last position with
+        attention 1, as transformers' `*ForSequenceClassification` pools a right-padded row).
+        Position t is the one that predicts token t+1, as for the log-probs. Rows are packed
+        (`packing.py`): with `share_prompt`, a prompt's samples share one prompt pass; only positions
+        that predict a generated token reach the LM head and the value head, and only the rows'
+        last tokens reach the score head.
         """
         unknown = set(outputs) - MODEL_OUTPUTS
         if unknown:
@@ -142,11 +152,17 @@ class Learner:
             result["hidden"] = scatter(states.detach().float())
         if "token_entropy" in outputs:
             result["token_entropy"] = result["entropy"].detach()
+        if "score" in outputs:
+            if self.score_head is None:
+                raise ValueError("score was asked for but this learner has no score head (score_head=False)")
+            last = out.last_hidden_state[packed.last_row.to(self.device), packed.last_pos.to(self.device)]
+            result["score"] = self.score_head(last.float()).squeeze(-1)
         return result
 
     @torch.no_grad()
     def model_outputs(self, batch: Batch, outputs: set[str], hidden_layer: int = -1) -> dict[str, torch.Tensor]:
-        """No-grad model outputs (see `forward_logprobs`) of every row, micro-batched, on the CPU."""
+        """No-grad model outputs (see `forward_logprobs`) of every row, micro-batched, on the CPU; a
+        per-row output ("score") is [B], the others [B, T-1, ...]."""
         full: dict[str, torch.Tensor] = {}
         with _evaluating(self.model):
             for micro_rows in self.micro_batches(batch):
@@ -154,9 +170,14 @@ class Learner:
                                             outputs=outputs, hidden_layer=hidden_layer)
                 for name in outputs:
                     value = got[name].cpu()
+                    per_row = value.dim() == 1
                     if name not in full:
-                        full[name] = torch.zeros(batch.completion_mask.shape + value.shape[2:], dtype=value.dtype)
-                    full[name][micro_rows, : value.shape[1]] = value
+                        shape = (batch.num_rows,) if per_row else batch.completion_mask.shape + value.shape[2:]
+                        full[name] = torch.zeros(shape, dtype=value.dtype)
+                    if per_row:
+                        full[name][micro_rows] = value
+                    else:
+                        full[name][micro_rows, : value.shape[1]] = value
         return full
 
     @torch.no_grad()
@@ -286,7 +307,7 @@ class Learner:
         finite = self.parallel.agree(finite)
         if finite:  # each process's loss is its share of the mini-batch's: the gradients add up
             self.parallel.reduce_gradients(self._trainable())
-        norm = self._clip_and_norm(self.model.parameters()) if finite else float("nan")
+        norm = self._clip_and_norm(self._policy_parameters()) if finite else float("nan")
         critic_norm = self._clip_and_norm(self.value_head.parameters()) if finite and self.value_head else 0.0
         if not finite or not math.isfinite(norm) or not math.isfinite(critic_norm):
             self.optimizer.zero_grad(set_to_none=True)
@@ -340,8 +361,14 @@ class Learner:
                                            / mask.sum().clamp(min=1))
         return loss, metrics
 
-    def _trainable(self):
+    def _policy_parameters(self):
+        """The policy's parameters and the score head's (clipped together: one reward model)."""
         yield from self.model.parameters()
+        if self.score_head is not None:
+            yield from self.score_head.parameters()
+
+    def _trainable(self):
+        yield from self._policy_parameters()
         if self.value_head is not None:
             yield from self.value_head.parameters()
 
@@ -403,6 +430,18 @@ class StreamedUpdate:
         norms = learner._step(self.finite)
         return learner._finish(True, self.totals, self.weights, [norms[0]] if norms else [],
                                [norms[1]] if norms else [], int(norms is None), self.inert / max(self.rows, 1))
+
+
+def score_head_for(model, seed: int) -> torch.nn.Linear:
+    """A reward model's scalar head, `Linear(hidden, 1, bias=False)` on the CPU, initialised as transformers
+    initialises a sequence-classification head (normal, std = the config's `initializer_range`), from
+    a generator seeded with `seed` so that runs are reproducible."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    head = torch.nn.Linear(config.hidden_size, 1, bias=False)
+    std = getattr(config, "initializer_range", None) or 0.02
+    with torch.no_grad():
+        head.weight.normal_(0.0, std, generator=torch.Generator().manual_seed(seed))
+    return head
 
 
 def _adamw_kernel(params: list[torch.Tensor]) -> dict[str, bool]:

@@ -4,7 +4,8 @@ Only the adapters train; the base weights stay frozen and bit-exact, so the base
 adapters disabled) is the reference policy, with no second copy of the model. A checkpoint of a
 LoRA run holds the adapters (peft's `adapter_model.safetensors` and `adapter_config.json`); the
 export folds them into the base weights (`weights.inference_weights`) and writes a plain
-transformers directory.
+transformers directory: a causal LM, or for a reward model (a run with a score head) a
+sequence-classification model (`sequence_classifier.py`).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from transformers import AutoTokenizer
 
 from lmrl.config import ConfigError, LoraConfig
 from lmrl.models.loading import load_model, resolve_model_path
+from lmrl.models.sequence_classifier import as_sequence_classifier, pad_token_id_of
 from lmrl.models.weights import inference_weights, is_peft
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -68,26 +70,42 @@ def load_adapter(model, directory: Path) -> None:
                            f"(missing {missing[:3]}, unexpected {list(result.unexpected_keys)[:3]})")
 
 
-def export_merged(checkpoint_model: Path, base_path: str, lora: LoraConfig | None, out: Path) -> Path:
+def export_merged(checkpoint_model: Path, base_path: str, lora: LoraConfig | None, out: Path,
+                  score_weight: torch.Tensor | None = None) -> Path:
     """Write a transformers directory (weights, config, tokenizer) for a checkpoint's `model/` folder.
 
     A full fine-tuning checkpoint already is one and is copied. A LoRA checkpoint's adapters are
     loaded onto the base model (`base_path`, the run's `model.path`) and folded into its weights.
+    With `score_weight` (a reward model's score head, [1, H]) the directory is a sequence-classification
+    model instead, its config's `pad_token_id` the tokenizer's pad (else end-of-sequence) token, which
+    the saved tokenizer then also pads with.
     """
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; choose a new directory for the export")
     checkpoint_model = Path(checkpoint_model)
-    if lora is None:
-        if (checkpoint_model / ADAPTER_FILE).exists():
-            raise RuntimeError(f"{checkpoint_model} holds LoRA adapters but the run's config has no model.lora")
+    if lora is None and (checkpoint_model / ADAPTER_FILE).exists():
+        raise RuntimeError(f"{checkpoint_model} holds LoRA adapters but the run's config has no model.lora")
+    if lora is None and score_weight is None:
         shutil.copytree(checkpoint_model, out, dirs_exist_ok=True)
         return out
+    model = load_model(checkpoint_model) if lora is None else _merged_lora(checkpoint_model, base_path, lora)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint_model)
+    if score_weight is not None:
+        pad = pad_token_id_of(tokenizer)
+        if tokenizer.pad_token is None and pad is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model = as_sequence_classifier(model, score_weight, pad)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _merged_lora(checkpoint_model: Path, base_path: str, lora: LoraConfig):
+    """The base model (`base_path`) with a checkpoint's adapters folded into its weights, peft removed."""
     model = apply_lora(load_model(resolve_model_path(base_path)), lora)
     load_adapter(model, checkpoint_model)
     merged = dict(inference_weights(model))
     base = model.unload()
     base.load_state_dict(merged)
-    base.save_pretrained(out)
-    AutoTokenizer.from_pretrained(checkpoint_model).save_pretrained(out)
-    return out
+    return base

@@ -5,7 +5,10 @@ Two kinds of component, chosen by the registry they are in:
 - `GROUP_REWARD_FNS`: per group (majority vote, judge rankings, novelty…),
   `fn(samples, **params) -> list[float | dict[str, float] | None]`, one entry per sample.
 A registered *class* is a stateful component (a memory, a reward model, a judge client): it is
-built once per scorer as `cls(**params)` and then called without params.
+built once per scorer as `cls(**params)` and then called without params. A per-sample class may also
+score many samples in one call, `score_batch(samples) -> list` (one entry per sample, as a group
+component returns): the scorer then makes one such call per group's samples (a reward model's
+batched forward) instead of one call per sample; the timeout and retries apply to that call.
 
 A component that raises, times out, or returns None / NaN / inf / a wrong type or shape is retried
 `reward.retries` times, then the sample is excluded (`reward.on_error: exclude`, the default) or
@@ -116,6 +119,8 @@ class _Component:
             self.call: Callable = self.instance
         else:
             self.call = lambda x, _fn=target, _p=params: _fn(x, **_p)
+        # what scores a list of samples in one call: a group component itself, or a per-sample one's batch call
+        self.list_call: Callable | None = self.call if self.per_group else getattr(self.instance, "score_batch", None)
 
 
 class RewardScorer:
@@ -150,16 +155,17 @@ class RewardScorer:
             if c.name in state and hasattr(c.instance, "load_reward_state"):
                 c.instance.load_reward_state(state[c.name])
 
-    def _run(self, comp: _Component, arg) -> tuple[Any, str | None]:
+    def _run(self, comp: _Component, arg, call: Callable | None = None) -> tuple[Any, str | None]:
         """One call under the timeout: (raw value, None) or (None, problem).
 
         A thread cannot be killed, so a call that times out keeps its worker; the scorer then moves
-        to a fresh pool, and later calls never queue behind hung ones.
+        to a fresh pool, and later calls never queue behind hung ones. `call`: what to call (default
+        the component itself).
         """
         if self.remote is not None and comp.instance is None:
             return self.remote.run(comp.name, comp.params, arg, comp.timeout_s)
         pool = self.pool
-        future = pool.submit(comp.call, arg)
+        future = pool.submit(call or comp.call, arg)
         try:
             return future.result(timeout=comp.timeout_s), None
         except FutureTimeout:
@@ -182,7 +188,7 @@ class RewardScorer:
 
     def _score_group(self, comp: _Component, samples: list[Sample]) -> list[tuple[dict | None, str | None]]:
         for _ in range(self.cfg.retries + 1):
-            raw, problem = self._run(comp, samples)
+            raw, problem = self._run(comp, samples, comp.list_call)
             if problem is None and (not isinstance(raw, (list, tuple)) or len(raw) != len(samples)):
                 problem = f"wrong shape: expected {len(samples)} values"
             if problem is None:
@@ -241,7 +247,7 @@ class RewardScorer:
                 live = entered if comp is self.grader else [s for s in entered if s.excluded is None]
                 if not live:
                     continue
-                if comp.per_group:
+                if comp.list_call is not None:
                     for sample, (values, problem) in zip(live, self._score_group(comp, live)):
                         self._record(comp, sample, values, problem, reasons)
                 else:

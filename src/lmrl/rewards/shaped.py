@@ -401,21 +401,31 @@ def sycophancy_reward(sample: Sample, weights: dict[str, float] | None = None,
 
 @REWARD_FNS.register("reward_model", "a sequence-classification reward model's score of (question, reply)")
 class RewardModelScore:
-    """`AutoModelForSequenceClassification` loaded once from a local directory; scores the question and
-    the reply (through the RM tokenizer's chat template when it has one). `label` picks the logit;
-    squash="sigmoid" maps it to (0, 1). Confidence high (standard scalar RM)."""
+    """`AutoModelForSequenceClassification` loaded once from a local directory (any such checkpoint, or an
+    lmrl reward-model export, `lmrl export`); scores the question and the reply (through the RM
+    tokenizer's chat template when it has one). `label` picks the logit; squash="sigmoid" maps it to
+    (0, 1). Batched: `score_batch` scores a group's samples `batch_size` at a time, each forward on
+    right-padded rows with their attention mask, padded with the config's `pad_token_id` (the tokenizer's
+    pad or end-of-sequence token when the config has none), where transformers' pooling stops; without
+    any such token each sample is its own forward. Confidence high (standard scalar RM)."""
 
     def __init__(self, path: str, label: int = 0, squash: str | None = None, max_length: int = 2048,
-                 device: str = "cpu"):
+                 device: str = "cpu", batch_size: int = 16):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        from lmrl.models.sequence_classifier import pad_token_id_of
+
         if squash not in (None, "sigmoid"):
             raise ValueError(f"reward_model squash must be null or 'sigmoid', got {squash!r}")
+        if batch_size < 1:
+            raise ValueError(f"reward_model batch_size must be at least 1, got {batch_size}")
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).to(device).eval()
         if self.model.config.pad_token_id is None:
-            self.model.config.pad_token_id = self.tokenizer.pad_token_id or self.tokenizer.eos_token_id
+            self.model.config.pad_token_id = pad_token_id_of(self.tokenizer)
+        self.pad_id = self.model.config.pad_token_id
+        self.batch_size = batch_size if self.pad_id is not None else 1
         self.label, self.squash, self.max_length, self.device = label, squash, max_length, device
         self.lock = threading.Lock()
 
@@ -429,10 +439,25 @@ class RewardModelScore:
         return list(ids)[-self.max_length:]
 
     def __call__(self, sample: Sample) -> float:
+        return self.score_batch([sample])[0]
+
+    def score_batch(self, samples: list[Sample]) -> list[float]:
+        """The score of each sample, `batch_size` samples per forward."""
+        encoded = [self.encode(str(s.row.get("question", "")), s.text) for s in samples]
+        scores: list[float] = []
+        for start in range(0, len(encoded), self.batch_size):
+            scores += self._forward(encoded[start: start + self.batch_size])
+        return [1.0 / (1.0 + math.exp(-x)) if self.squash == "sigmoid" else x for x in scores]
+
+    def _forward(self, rows: list[list[int]]) -> list[float]:
         import torch
 
-        ids = torch.tensor([self.encode(str(sample.row.get("question", "")), sample.text)],
-                           device=self.device)
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id if self.pad_id is not None else 0, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[i, : len(row)] = 1
         with self.lock, torch.no_grad():
-            score = float(self.model(input_ids=ids).logits[0, self.label])
-        return 1.0 / (1.0 + math.exp(-score)) if self.squash == "sigmoid" else score
+            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+        return [float(x) for x in logits[:, self.label]]
