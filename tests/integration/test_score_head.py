@@ -183,9 +183,10 @@ def test_a_tokenizer_without_a_pad_token_exports_and_scores_batched(tmp_path):
     learner = Learner(tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), TrainerConfig(bf16=False),
                       score_head=True)
     out = export_merged(source, str(source), None, tmp_path / "rm", score_weight=learner.score_head.weight)
-    assert AutoModelForSequenceClassification.from_pretrained(out).config.pad_token_id == tok.eos_token_id
+    # padded with another special token than EOS, which ends the rows scored: pooling stops at the row's last token
+    assert AutoModelForSequenceClassification.from_pretrained(out).config.pad_token_id == tok.bos_token_id
     rm = RewardModelScore(path=str(out), batch_size=3)
-    assert rm.pad_id == tok.eos_token_id and rm.batch_size == 3
+    assert rm.pad_id == tok.bos_token_id != tok.eos_token_id and rm.batch_size == 3
     want = learner.model_outputs(scored_batch(rm, PAIRS), {"score"})["score"]
     assert rm.score_batch([text_sample(q, r) for q, r in PAIRS]) == pytest.approx(want.tolist(), abs=1e-5)
     assert rm(text_sample(*PAIRS[2])) == pytest.approx(float(want[2]), abs=1e-5)  # one sample, one call

@@ -5,7 +5,8 @@ reward: the RL step, with advantages and the policy-gradient term. Every other s
 dataset read once, encoded into token ids once (`Sample`s of origin `DATASET`) and trained by the terms
 of `algo.terms` alone: `sft` (demonstrations, loss on the assistant's tokens), `pairs` (preference
 pairs, one group of [chosen, rejected] each, for DPO-family and reward-model terms) and `unpaired`
-(KTO's desirable / undesirable rows), and `demonstrations` (the task's own rows with their reference
+(KTO's desirable / undesirable rows), `rollout_pairs` (pairs of an earlier run's recorded rollouts, its
+best- and worst-rewarded sample of each prompt, token ids as sampled) and `demonstrations` (the task's own rows with their reference
 completion, `task.demonstration`: an SFT cold start on the task RL trains next). An entry is a function
 `(config, tokenizer, task rows, held-out task rows) -> OfflineData`; its `BatchSourceSpec` says what the
 loop and the validation derive from it.
@@ -14,11 +15,12 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lmrl.config import BatchesConfig, Config
 from lmrl.registry import Registry
 from lmrl.data.demonstrations import demonstration_sample
+from lmrl.data.replay import ReplayParams, replayed_samples
 from lmrl.types import Group, Origin
 
 
@@ -125,3 +127,37 @@ def task_demonstrations(cfg: Config, tokenizer, rows: list[dict], eval_rows: lis
                 for i, row in enumerate(of)]
     return OfflineData(groups(rows, "row-"), groups(eval_rows[: cfg.batches.num_eval], "eval-"), {},
                        f"demonstrations of task {cfg.task.name} ({cfg.task.demonstration!r})")
+
+
+@BATCH_SOURCES.register("rollout_pairs", "pairs from an earlier run's recorded rollouts (run.save_rollouts): each "
+                        "prompt's best- and worst-rewarded samples, token ids as sampled", pairs=True,
+                        formats={"rollouts"})
+def rollout_pairs(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> OfflineData:
+    """`batches.dataset` is a rollouts.jsonl (one record per group, `data.replay`). A group whose rewards are all
+    equal (or differ by less than `batches.params.min_gap`) makes no pair; ties go to the earlier sample. The
+    policy that samples and the reward that scored decide the preference (pairs built from any reward)."""
+    from lmrl.data.sft import read_records
+
+    b = cfg.batches
+    if b.dataset is None:
+        raise ValueError("batches.source=rollout_pairs reads a run's rollouts.jsonl: set batches.dataset")
+    min_gap = float(b.params.get("min_gap", 0.0))
+    groups, dropped = [], Counter()
+    for i, record in enumerate(read_records(b.dataset, b.params, key="batches.dataset")):
+        if "rollouts" not in record:
+            raise ValueError(f"batches.dataset {b.dataset}: record {i} has no 'rollouts' (a run's rollouts.jsonl, "
+                             "written with run.save_rollouts=true)")
+        samples = [x for x in replayed_samples(record, ReplayParams()) if x.reward is not None]
+        if len(samples) < 2 or max(x.reward for x in samples) - min(x.reward for x in samples) <= min_gap:
+            dropped["had no reward gap between its samples"] += 1
+            continue
+        best = max(samples, key=lambda x: x.reward)
+        worst = min(samples, key=lambda x: x.reward)
+        pair = [replace(best, origin=Origin.DATASET, info={"preference": "chosen"}),
+                replace(worst, origin=Origin.DATASET, info={"preference": "rejected"})]
+        groups.append(Group(f"pair-{i}", record, pair))
+    random.Random(b.params.get("seed", 0)).shuffle(groups)
+    if len(groups) <= b.num_eval:
+        raise ValueError(f"batches.dataset {b.dataset}: {len(groups)} pairs, not more than batches.num_eval="
+                         f"{b.num_eval}")
+    return OfflineData(groups[b.num_eval:], groups[: b.num_eval], dict(dropped), f"rollout_pairs {b.dataset}")

@@ -15,8 +15,12 @@ from transformers import AutoModelForSequenceClassification
 
 
 def pad_token_id_of(tokenizer) -> int | None:
-    """The id a batch is right-padded with: the tokenizer's pad token, else its end-of-sequence token."""
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    """The id an exported reward model is right-padded with, where its pooling stops: the tokenizer's pad token
+    unless it is the end-of-sequence token (as for SmolLM2), which ends the very rows the model scores; then
+    another special token (BOS, UNK), which never ends a row, so the rightmost non-pad token is the row's last."""
+    eos = tokenizer.eos_token_id
+    candidates = [tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id]
+    return next((i for i in candidates if i is not None and i != eos), eos)
 
 
 def as_sequence_classifier(causal_lm, score_weight: torch.Tensor, pad_token_id: int | None):

@@ -407,10 +407,13 @@ class RewardModelScore:
     (0, 1). Batched: `score_batch` scores a group's samples `batch_size` at a time, each forward on
     right-padded rows with their attention mask, padded with the config's `pad_token_id` (the tokenizer's
     pad or end-of-sequence token when the config has none), where transformers' pooling stops; without
-    any such token each sample is its own forward. Confidence high (standard scalar RM)."""
+    any such token each sample is its own forward. `tokens="sample"` scores the sample's own token ids
+    (prompt and completion as the policy has them, nothing re-tokenised): for a reward model trained on the
+    policy's rollouts with its tokenizer (`batches.source=rollout_pairs`, docs/stages/reward_model.md).
+    Confidence high (standard scalar RM)."""
 
     def __init__(self, path: str, label: int = 0, squash: str | None = None, max_length: int = 2048,
-                 device: str = "cpu", batch_size: int = 16):
+                 device: str = "cpu", batch_size: int = 16, tokens: str = "text"):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -418,6 +421,8 @@ class RewardModelScore:
 
         if squash not in (None, "sigmoid"):
             raise ValueError(f"reward_model squash must be null or 'sigmoid', got {squash!r}")
+        if tokens not in ("text", "sample"):
+            raise ValueError(f"reward_model tokens must be 'text' or 'sample', got {tokens!r}")
         if batch_size < 1:
             raise ValueError(f"reward_model batch_size must be at least 1, got {batch_size}")
         self.tokenizer = AutoTokenizer.from_pretrained(path)
@@ -427,6 +432,7 @@ class RewardModelScore:
         self.pad_id = self.model.config.pad_token_id
         self.batch_size = batch_size if self.pad_id is not None else 1
         self.label, self.squash, self.max_length, self.device = label, squash, max_length, device
+        self.tokens = tokens
         self.lock = threading.Lock()
 
     def encode(self, question: str, reply: str) -> list[int]:
@@ -443,7 +449,8 @@ class RewardModelScore:
 
     def score_batch(self, samples: list[Sample]) -> list[float]:
         """The score of each sample, `batch_size` samples per forward."""
-        encoded = [self.encode(str(s.row.get("question", "")), s.text) for s in samples]
+        encoded = [s.input_ids[-self.max_length:] if self.tokens == "sample" else
+                   self.encode(str(s.row.get("question", "")), s.text) for s in samples]
         scores: list[float] = []
         for start in range(0, len(encoded), self.batch_size):
             scores += self._forward(encoded[start: start + self.batch_size])
