@@ -18,7 +18,6 @@ from lmrl.eval.report import write_report
 from lmrl.eval.stage_logs import joined_logs
 from lmrl.loading import load_recipe
 from lmrl.loops import loop
-from lmrl.loops.pipeline import train_pipeline
 from lmrl.loops.run_dir import RunDir
 from lmrl.rewards import REWARD_FNS
 

@@ -126,7 +126,8 @@ def export_final(cfg: Config, run_dir: Path) -> Path:
 def check_resume_overrides(overrides: list[str], run_dir: Path) -> None:
     for key, _ in (parse_override(item) for item in overrides):
         if not resumable(key):
-            raise ConfigError(f"{key} cannot change when resuming {run_dir}; start a new run to change it")
+            raise ConfigError(f"{key} cannot change when resuming {run_dir}: the settings that may change are those "
+                              f"of a plain run's resume (docs/runs.md); start a new run to change {key}")
 
 
 def stage_config(pipe: PipelineConfig, index: int, root: Path, overrides: list[str] = (),
