@@ -64,16 +64,18 @@ def _registries() -> dict:
 
 
 def stage_kinds() -> list[tuple[str, str]]:
-    """`lmrl list stages`: (name, description) of what a pipeline's stages can be; for now the shipped
-    pipeline recipes (those with `stages:`), each with its stage labels (docs/pipelines.md)."""
+    """`lmrl list stages`: (name, description) of what a pipeline's stages can be: each batch source a stage
+    trains from (`batches.source`), then the shipped pipeline recipes (those with `stages:`) with their stage
+    labels (docs/pipelines.md)."""
+    from lmrl.data import BATCH_SOURCES
     from lmrl.recipe_files import read_yaml
 
-    rows = []
+    rows = [(f"batches.source={name}", BATCH_SOURCES.describe(name)) for name in BATCH_SOURCES.names()]
     for path in sorted(RECIPES_DIR.glob("*.yaml")):
         tree = read_yaml(path)
         if isinstance(tree.get("stages"), list):
             labels = [str(s.get("name")) for s in tree["stages"] if isinstance(s, dict)]
-            rows.append((path.stem, f"stages: {', '.join(labels)} — {tree.get('description', '')}"))
+            rows.append((path.stem, f"pipeline recipe, stages: {', '.join(labels)} — {tree.get('description', '')}"))
     return rows
 
 

@@ -171,3 +171,9 @@ def test_a_pipeline_from_python(tmp_path, shared):
     assert result.model == result.stages["b"] / "model" and (result.model / "model.safetensors").is_file()
     assert [m.get("step") for m in result.metrics.values()] == [None, None]
     assert json.loads((result.run_dir / "pipeline.json").read_text())["stages"][1]["steps"] == 1
+
+
+def test_list_stages_names_the_batch_sources_and_the_shipped_pipelines(capsys):
+    assert cli.main(["list", "stages"]) == 0
+    out = capsys.readouterr().out
+    assert "batches.source=rollouts" in out and "pipeline_demo" in out and "grpo, gspo" in out
