@@ -126,6 +126,8 @@ LOCATING = ("run.output_dir=", "run.name=")  # with a bare --resume: where to lo
 def _resumed_config(args) -> tuple[Path, Config | PipelineConfig, list[str]]:
     """`--resume RUN` continues RUN under its own config.yaml (a pipeline run: its pipeline.json); a bare
     `--resume` finds the latest run of the recipe. Also returns the overrides the resumed run takes."""
+    from lmrl.eval.stage_logs import PIPELINE_FILE
+
     if "=" in args.resume and not Path(args.resume).is_dir():  # `--resume key=value`: argparse took an override
         args.overrides, args.resume = [args.resume, *args.overrides], ""
     recipe, overrides = _recipe_and_overrides(args)
@@ -137,8 +139,6 @@ def _resumed_config(args) -> tuple[Path, Config | PipelineConfig, list[str]]:
     else:
         run = _latest_run(load_recipe(recipe, [o for o in overrides if o.startswith(LOCATING)]))
     overrides = [o for o in overrides if not o.startswith(LOCATING)]
-    from lmrl.eval.stage_logs import PIPELINE_FILE
-
     if (run / PIPELINE_FILE).is_file():
         from lmrl.loops.pipeline import read_pipeline_run
 
@@ -167,61 +167,64 @@ def cmd_train(args) -> int:
     result = train(cfg, resume=resume)
     if result.stopped:
         console.print(f"stopped after step {result.steps} (trainer.stop_when: {result.stopped})", soft_wrap=True)
+    before = result.eval_before.get("eval/accuracy")
+    after = result.eval_after.get("eval/accuracy")
     console.print(f"run directory: {result.run_dir}  (training time {result.train_seconds / 60:.1f} min)",
                   soft_wrap=True)
-    _say_accuracy(result.eval_before, result.eval_after)
-    return 0
-
-
-def _say_accuracy(eval_before: dict, eval_after: dict) -> None:
-    before, after = eval_before.get("eval/accuracy"), eval_after.get("eval/accuracy")
     if before is not None and after is not None:
-        n = int(eval_after.get("eval/num_prompts", 0))
-        excluded = [int(e.get("eval/excluded", 0)) for e in (eval_before, eval_after)]
+        n = int(result.eval_after.get("eval/num_prompts", 0))
+        excluded = [int(e.get("eval/excluded", 0)) for e in (result.eval_before, result.eval_after)]
         ungraded = f"; ungraded, the accuracy component erred: {excluded[0]} before, {excluded[1]} after" \
             if any(excluded) else ""
         gain = after - before
         console.print(f"[bold]held-out greedy accuracy ({n} prompts{ungraded}): before {before:.3f} → "
                       f"after {after:.3f}" + ("" if math.isnan(gain) else f" ({gain * 100:+.1f} points)"),
                       soft_wrap=True)
+    return 0
 
 
 def _train_pipeline(pipe: PipelineConfig, resume: Path | None, overrides: list[str], dry_run: bool) -> int:
     """`lmrl train PIPELINE` (docs/pipelines.md): every stage checked, or trained one after another."""
-    from lmrl.eval.stage_logs import read_pipeline
-    from lmrl.loops.pipeline import check_resume_overrides, new_pipeline_dir, stage_config, train_pipeline
+    from lmrl.loops.pipeline import train_pipeline
 
     for stage in pipe.stages:
         for note in stage.config.notes:
             console.print(f"[yellow]note:[/yellow] stage {stage.label}: {escape(note)}", soft_wrap=True,
                           highlight=False)
     if dry_run:
-        from lmrl.loops.setup import preflight
-
-        root = resume if resume is not None else new_pipeline_dir(pipe)
-        if resume is not None:
-            check_resume_overrides(overrides, resume)
-        done = {s["label"] for s in (read_pipeline(root) or {"stages": []})["stages"] if s["status"] == "done"}
-        for i, stage in enumerate(pipe.stages):
-            start = f"from stage {stage.model_from}'s final weights" if stage.model_from else stage.config.model.path
-            if stage.label in done:
-                console.print(f"stage {i + 1} {stage.label}: done", soft_wrap=True, highlight=False)
-                continue
-            cfg, started = stage_config(pipe, i, root, overrides, weights_needed=False)
-            checked = preflight(cfg, resume=root if started else None)
-            console.print(f"stage {i + 1} {stage.label} (model {start}): checked: {checked}", soft_wrap=True,
-                          highlight=False)
-            import yaml
-
-            print(f"# stage {i + 1}: {stage.label}\n"
-                  + yaml.safe_dump(stage_summary(cfg, stage.model_from), sort_keys=False), end="")
-        return 0
+        return _check_pipeline(pipe, resume, overrides)
     if resume is not None:
         console.print(f"resuming {resume}")
     result = train_pipeline(pipe, resume, overrides)
     for label, folder in result.stages.items():
         console.print(f"stage {label}: {folder}", soft_wrap=True, highlight=False)
     console.print(f"run directory: {result.run_dir}; final weights: {result.model}", soft_wrap=True, highlight=False)
+    return 0
+
+
+def _check_pipeline(pipe: PipelineConfig, resume: Path | None, overrides: list[str]) -> int:
+    """`--dry-run` of a pipeline: each stage not yet done checked as a plain run's dry run is, its settings printed."""
+    import yaml
+
+    from lmrl.eval.stage_logs import read_pipeline
+    from lmrl.loops.pipeline import check_resume_overrides, new_pipeline_dir, stage_config
+    from lmrl.loops.setup import preflight
+
+    root = resume if resume is not None else new_pipeline_dir(pipe)
+    if resume is not None:
+        check_resume_overrides(overrides, resume)
+    done = {s["label"] for s in (read_pipeline(root) or {"stages": []})["stages"] if s["status"] == "done"}
+    for i, stage in enumerate(pipe.stages):
+        if stage.label in done:
+            console.print(f"stage {i + 1} {stage.label}: done", soft_wrap=True, highlight=False)
+            continue
+        start = f"from stage {stage.model_from}'s final weights" if stage.model_from else stage.config.model.path
+        cfg, started = stage_config(pipe, i, root, overrides, weights_needed=False)
+        checked = preflight(cfg, resume=root if started else None)
+        console.print(f"stage {i + 1} {stage.label} (model {start}): checked: {checked}", soft_wrap=True,
+                      highlight=False)
+        print(f"# stage {i + 1}: {stage.label}\n" + yaml.safe_dump(stage_summary(cfg, stage.model_from),
+                                                                   sort_keys=False), end="")
     return 0
 
 

@@ -91,7 +91,8 @@ def three_stages(shared: dict) -> list[dict]:
             {"name": "c", "overrides": {"eval.at_end": True}}]
 
 
-def test_resume_after_an_interruption_in_stage_two_equals_the_uninterrupted_pipeline(tmp_path, shared, monkeypatch):
+def test_resume_after_an_interruption_in_stage_two_equals_the_uninterrupted_pipeline(tmp_path, shared, monkeypatch,
+                                                                                      capsys):
     full = write_pipeline(tmp_path, shared, three_stages(shared), name="full")
     assert cli.main(["train", str(full)]) == 0
 
@@ -109,7 +110,12 @@ def test_resume_after_an_interruption_in_stage_two_equals_the_uninterrupted_pipe
     root = tmp_path / "runs" / "cut"
     record = json.loads((root / "pipeline.json").read_text())
     assert [s["status"] for s in record["stages"]] == ["done", "running", "pending"]
+    assert (root / "stages" / "02-b" / "checkpoints" / "step-000002").is_dir()  # where stage b resumes from
+    logged = (root / "stages" / "02-b" / "metrics.jsonl").read_text()
     monkeypatch.setattr(RunDir, "log", real_log)
+    assert cli.main(["train", "--resume", str(root), "trainer.lr=1e-2"]) == 2  # the run's settings stay
+    assert cli.main(["train", "--resume", str(root), "--dry-run"]) == 0
+    assert "stage 1 a: done" in capsys.readouterr().err
     assert cli.main(["train", "--resume", str(root)]) == 0
 
     record = json.loads((root / "pipeline.json").read_text())
@@ -119,6 +125,7 @@ def test_resume_after_an_interruption_in_stage_two_equals_the_uninterrupted_pipe
     assert all(torch.equal(ended[k], expected[k]) for k in expected)
     steps = [json.loads(line)["step"] for line in (root / "stages" / "02-b" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]  # no step lost or logged twice
+    assert (root / "stages" / "02-b" / "metrics.jsonl").read_text().startswith(logged)  # steps 1-2 not run again
 
     compared = [load_run(tmp_path / "runs" / name) for name in ("full", "cut")]
     assert compared[0].metrics["c/accuracy"] == compared[1].metrics["c/accuracy"]  # stages lined up by label
