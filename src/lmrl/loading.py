@@ -28,7 +28,8 @@ def load_config(recipe: str | None = "quickstart", overrides: list[str] | None =
     `stages:`) is `load_recipe`'s."""
     tree = recipe_tree(recipe)
     if "stages" in tree:
-        raise ConfigError(f"{recipe} is a pipeline recipe (it has stages:); load it with lmrl.loading.load_recipe")
+        raise ConfigError(f"{recipe} is a pipeline recipe (it has stages:): train it with `lmrl train {recipe}` "
+                          "(from Python: lmrl.loading.load_recipe), or name the recipe of one of its stages")
     return config_from_tree(tree, [parse_override(item) for item in overrides or []])
 
 
