@@ -7,7 +7,8 @@
 
 Every call goes through what the command line uses: `recipe` reads a recipe with its bases and
 applies overrides like `lmrl train` (then the preset, then every config check); `train` runs
-`lmrl.loops.train`; `evaluate` runs `lmrl eval`'s suite. Python objects become names in the config:
+`lmrl.loops.train` (a pipeline's stages: `lmrl.loops.pipeline`); `evaluate` runs `lmrl eval`'s suite.
+Python objects become names in the config:
 a reward function or environment class is registered under its own `__name__` (a notebook cell run
 again replaces its earlier definition; another object under a taken name is refused), and a dataset
 is written as a JSON-lines file named by its content (`run.output_dir/datasets/`), so the run's config.yaml
@@ -26,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmrl.config import Config, ConfigError
-from lmrl.loading import build_config
+from lmrl.config import Config, ConfigError, PipelineConfig, PipelineStage
+from lmrl.loading import build_config, dotted_items, pipeline_from_tree
 from lmrl.loops.loop import RunResult
+from lmrl.loops.pipeline import PipelineResult
 from lmrl.recipe_files import merge_trees, parse_override, recipe_tree
 
 __all__ = ["TrainResult", "evaluate", "recipe", "train"]
@@ -57,14 +59,21 @@ class TrainResult(RunResult):
         return found / "model" if found is not None else None
 
 
-def recipe(name: str | None = "quickstart", overrides: Sequence[str] = (), **settings: Any) -> Config:
+def recipe(name: str | None = "quickstart", overrides: Sequence[str] = (),
+           **settings: Any) -> Config | PipelineConfig:
     """A validated config: the recipe `name` (shipped, or a YAML path; None for the defaults), then the
     command line's `key=value` `overrides`, then `settings` with `__` for the dots (`trainer__steps=5`).
 
     A setting's value is a Python value, used as given (no YAML parsing); a dict merges into the
     section key by key (`algo={"preset": "dapo", "eps_high": 0.3}`). Errors are those of `lmrl train`.
+    A pipeline recipe (with `stages:`) gives its `PipelineConfig`, every stage validated; a setting
+    `stages__<label>__key=value` is one stage's (docs/pipelines.md).
     """
     tree = recipe_tree(name)
+    if "stages" in tree:
+        parsed = [parse_override(item) for item in overrides]
+        parsed += [pair for key, value in settings.items() for pair in dotted_items({key.replace("__", "."): value})]
+        return pipeline_from_tree(tree, parsed)
     for item in overrides:
         _set(tree, *parse_override(item))
     for key, value in settings.items():
@@ -72,9 +81,10 @@ def recipe(name: str | None = "quickstart", overrides: Sequence[str] = (), **set
     return build_config(tree)
 
 
-def train(cfg: Config, dataset: Iterable[Mapping[str, Any]] | None = None,
+def train(cfg: Config | PipelineConfig, dataset: Iterable[Mapping[str, Any]] | None = None,
           eval_dataset: Iterable[Mapping[str, Any]] | None = None, rewards: Sequence[Any] | None = None,
-          env: Any = None, resume: str | Path | None = None, model=None, tokenizer=None) -> TrainResult:
+          env: Any = None, resume: str | Path | None = None, model=None, tokenizer=None
+          ) -> TrainResult | PipelineResult:
     """Train `cfg`, with Python objects in place of its data, rewards and environment.
 
     `dataset` / `eval_dataset`: a `datasets.Dataset` or a list of dicts, with the fields
@@ -86,7 +96,13 @@ def train(cfg: Config, dataset: Iterable[Mapping[str, Any]] | None = None,
     name); without `rewards` its episode reward is the reward. `resume`: the run directory to continue
     (same arguments as the run it continues). `model` / `tokenizer`: objects to train instead of
     loading `model.path`.
+
+    A pipeline (`recipe` of a recipe with `stages:`) trains its stages in order, the data, rewards and
+    environment given applying to every stage, and returns a `PipelineResult` (run_dir, each stage's
+    run directory and final metrics, the final weights); `model` / `tokenizer` are a plain run's only.
     """
+    if isinstance(cfg, PipelineConfig):
+        return _train_pipeline(cfg, dataset, eval_dataset, rewards, env, resume, model, tokenizer)
     from lmrl.loops import build_stages
     from lmrl.loops import train as run_loop
 
@@ -101,6 +117,24 @@ def train(cfg: Config, dataset: Iterable[Mapping[str, Any]] | None = None,
         else None
     result = run_loop(final, resume=Path(resume) if resume is not None else None, stages=stages)
     return TrainResult(**vars(result), metrics=read_metrics(result.run_dir), config=final)
+
+
+def _train_pipeline(pipe: PipelineConfig, dataset, eval_dataset, rewards, env, resume, model, tokenizer
+                    ) -> PipelineResult:
+    from lmrl.loops.pipeline import train_pipeline
+
+    if model is not None or tokenizer is not None:
+        raise TypeError("a pipeline loads each stage's model from its model.path (the first stage's, then the "
+                        "stage before's final weights): save the model and set model.path instead of model=")
+    stages = []
+    for stage in pipe.stages:
+        tree = copy.deepcopy(stage.tree)
+        if dataset is not None:
+            _use_rows(tree, Path(stage.config.run.output_dir) / DATASETS_DIR, dataset, eval_dataset)
+        _use_objects(tree, rewards, env)
+        stages.append(PipelineStage(stage.label, build_config(tree), tree, stage.model_from))
+    pipe = PipelineConfig(pipe.recipe, pipe.description, pipe.run, tuple(stages))
+    return train_pipeline(pipe, resume=Path(resume) if resume is not None else None)
 
 
 def evaluate(cfg: Config, model: str | Path | TrainResult | None = None,

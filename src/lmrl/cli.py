@@ -14,9 +14,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from lmrl import __version__
-from lmrl.config import Config, ConfigError, config_to_yaml
+from lmrl.config import Config, ConfigError, PipelineConfig, config_to_yaml
 from lmrl.errors import RewardErrorRate
-from lmrl.loading import load_config, load_run_config
+from lmrl.loading import load_recipe, load_run_config
 from lmrl.recipe_files import RECIPES_DIR
 from lmrl.presets import PRESETS
 
@@ -26,7 +26,7 @@ console = Console(stderr=True)
 REGISTRY_KINDS = ["advantages", "losses", "aggregations", "kl", "rewards", "group-rewards", "reward-aggregations",
                   "samplers", "filters", "tasks", "engines", "environments", "sample-sources", "teacher-contexts",
                   "weight-transports", "terms", "shapers", "sources"]
-LIST_KINDS = ["algos", "recipes", *REGISTRY_KINDS]
+LIST_KINDS = ["algos", "recipes", "stages", *REGISTRY_KINDS]
 
 
 def _list_kind(what: str) -> str:
@@ -63,8 +63,26 @@ def _registries() -> dict:
                                      BATCH_SOURCES]))
 
 
+def stage_kinds() -> list[tuple[str, str]]:
+    """`lmrl list stages`: (name, description) of what a pipeline's stages can be: each batch source a stage
+    trains from (`batches.source`), then the shipped pipeline recipes (those with `stages:`) with their stage
+    labels (docs/pipelines.md)."""
+    from lmrl.data import BATCH_SOURCES
+    from lmrl.recipe_files import read_yaml
+
+    rows = [(f"batches.source={name}", BATCH_SOURCES.describe(name)) for name in BATCH_SOURCES.names()]
+    for path in sorted(RECIPES_DIR.glob("*.yaml")):
+        tree = read_yaml(path)
+        if isinstance(tree.get("stages"), list):
+            labels = [str(s.get("name")) for s in tree["stages"] if isinstance(s, dict)]
+            rows.append((path.stem, f"pipeline recipe, stages: {', '.join(labels)} — {tree.get('description', '')}"))
+    return rows
+
+
 def cmd_list(args) -> int:
-    if args.what == "algos":
+    if args.what == "stages":
+        rows = stage_kinds()
+    elif args.what == "algos":
         rows = [(name, PRESETS.describe(name)) for name in PRESETS.names()]
     elif args.what == "recipes":
         import yaml
@@ -83,10 +101,13 @@ def cmd_list(args) -> int:
     return 0
 
 
-def _latest_run(cfg) -> Path:
-    root = Path(cfg.run.output_dir)
-    prefix = cfg.run.name or f"{cfg.recipe or 'run'}-"
-    runs = sorted((p for p in root.glob(f"{prefix}*") if (p / "config.yaml").exists()), key=lambda p: p.stat().st_mtime)
+def _latest_run(loaded: Config | PipelineConfig) -> Path:
+    from lmrl.eval.stage_logs import PIPELINE_FILE
+
+    root = Path(loaded.run.output_dir)
+    prefix = loaded.run.name or f"{loaded.recipe or 'run'}-"
+    runs = sorted((p for p in root.glob(f"{prefix}*") if (p / "config.yaml").exists() or (p / PIPELINE_FILE).exists()),
+                  key=lambda p: p.stat().st_mtime)
     if not runs:
         raise ConfigError(f"--resume: no run matching {root / prefix}*")
     return runs[-1]
@@ -102,8 +123,11 @@ def _recipe_and_overrides(args) -> tuple[str, list[str]]:
 LOCATING = ("run.output_dir=", "run.name=")  # with a bare --resume: where to look for the latest run
 
 
-def _resumed_config(args) -> tuple[Path, Config]:
-    """`--resume RUN` continues RUN under its own config.yaml; a bare `--resume` finds the latest run of the recipe."""
+def _resumed_config(args) -> tuple[Path, Config | PipelineConfig, list[str]]:
+    """`--resume RUN` continues RUN under its own config.yaml (a pipeline run: its pipeline.json); a bare
+    `--resume` finds the latest run of the recipe. Also returns the overrides the resumed run takes."""
+    from lmrl.eval.stage_logs import PIPELINE_FILE
+
     if "=" in args.resume and not Path(args.resume).is_dir():  # `--resume key=value`: argparse took an override
         args.overrides, args.resume = [args.resume, *args.overrides], ""
     recipe, overrides = _recipe_and_overrides(args)
@@ -113,15 +137,22 @@ def _resumed_config(args) -> tuple[Path, Config]:
                               f"drop the recipe {args.recipe!r} (only overrides such as trainer.steps=N may follow)")
         run = Path(args.resume)
     else:
-        run = _latest_run(load_config(recipe, [o for o in overrides if o.startswith(LOCATING)]))
-    return run, load_run_config(run, [o for o in overrides if not o.startswith(LOCATING)])
+        run = _latest_run(load_recipe(recipe, [o for o in overrides if o.startswith(LOCATING)]))
+    overrides = [o for o in overrides if not o.startswith(LOCATING)]
+    if (run / PIPELINE_FILE).is_file():
+        from lmrl.loops.pipeline import read_pipeline_run
+
+        return run, read_pipeline_run(run), overrides
+    return run, load_run_config(run, overrides), overrides
 
 
 def cmd_train(args) -> int:
     if args.resume is not None:
-        resume, cfg = _resumed_config(args)
+        resume, cfg, overrides = _resumed_config(args)
     else:
-        resume, cfg = None, load_config(*_recipe_and_overrides(args))
+        resume, cfg, overrides = None, load_recipe(*_recipe_and_overrides(args)), []
+    if isinstance(cfg, PipelineConfig):
+        return _train_pipeline(cfg, resume, overrides, args.dry_run)
     _say_notes(cfg)
     if args.dry_run:
         from lmrl.loops.setup import preflight
@@ -150,6 +181,59 @@ def cmd_train(args) -> int:
                       f"after {after:.3f}" + ("" if math.isnan(gain) else f" ({gain * 100:+.1f} points)"),
                       soft_wrap=True)
     return 0
+
+
+def _train_pipeline(pipe: PipelineConfig, resume: Path | None, overrides: list[str], dry_run: bool) -> int:
+    """`lmrl train PIPELINE` (docs/pipelines.md): every stage checked, or trained one after another."""
+    from lmrl.loops.pipeline import train_pipeline
+
+    for stage in pipe.stages:
+        for note in stage.config.notes:
+            console.print(f"[yellow]note:[/yellow] stage {stage.label}: {escape(note)}", soft_wrap=True,
+                          highlight=False)
+    if dry_run:
+        return _check_pipeline(pipe, resume, overrides)
+    if resume is not None:
+        console.print(f"resuming {resume}")
+    result = train_pipeline(pipe, resume, overrides)
+    for label, folder in result.stages.items():
+        console.print(f"stage {label}: {folder}", soft_wrap=True, highlight=False)
+    console.print(f"run directory: {result.run_dir}; final weights: {result.model}", soft_wrap=True, highlight=False)
+    return 0
+
+
+def _check_pipeline(pipe: PipelineConfig, resume: Path | None, overrides: list[str]) -> int:
+    """`--dry-run` of a pipeline: each stage not yet done checked as a plain run's dry run is, its settings printed."""
+    import yaml
+
+    from lmrl.eval.stage_logs import read_pipeline
+    from lmrl.loops.pipeline import check_resume_overrides, new_pipeline_dir, stage_config
+    from lmrl.loops.setup import preflight
+
+    root = resume if resume is not None else new_pipeline_dir(pipe)
+    if resume is not None:
+        check_resume_overrides(overrides, resume)
+    done = {s["label"] for s in (read_pipeline(root) or {"stages": []})["stages"] if s["status"] == "done"}
+    for i, stage in enumerate(pipe.stages):
+        if stage.label in done:
+            console.print(f"stage {i + 1} {stage.label}: done", soft_wrap=True, highlight=False)
+            continue
+        start = f"from stage {stage.model_from}'s final weights" if stage.model_from else stage.config.model.path
+        cfg, started = stage_config(pipe, i, root, overrides, weights_needed=False)
+        checked = preflight(cfg, resume=root if started else None)
+        console.print(f"stage {i + 1} {stage.label} (model {start}): checked: {checked}", soft_wrap=True,
+                      highlight=False)
+        print(f"# stage {i + 1}: {stage.label}\n" + yaml.safe_dump(stage_summary(cfg, stage.model_from),
+                                                                   sort_keys=False), end="")
+    return 0
+
+
+def stage_summary(cfg: Config, model_from: str | None) -> dict:
+    """A stage's settings that differ from the defaults, its model named by the stage it comes from."""
+    summary = cfg.model_dump(mode="json", exclude_defaults=True)
+    if model_from is not None:
+        summary.setdefault("model", {})["path"] = f"the final weights of stage {model_from}"
+    return summary
 
 
 def cmd_eval(args) -> int:

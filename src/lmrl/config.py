@@ -6,6 +6,7 @@ but its errors, so that every layer can name a section's type.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -328,6 +329,41 @@ class Config(Section):
         for section in sections:
             node = getattr(node, section)
         return key in self._preset_filled or name not in node.model_fields_set
+
+
+class StageEntry(Section):
+    """One entry of a pipeline recipe's `stages:` list (docs/pipelines.md)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$")  # the stage's label: its folder, `stages.<label>.key=value`
+    recipe: str | None = None  # a recipe name or path the stage starts from (the shared keys then go over it)
+    # the stage's own settings, over the shared keys: dotted keys or nested mappings
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    """A stage of a loaded pipeline: its label, its validated config, the tree that config was built from
+    (rebuilt when the stage is placed in its run directory), and the stage whose final weights it starts
+    from (None: its own `model.path`)."""
+
+    label: str
+    config: Config
+    tree: dict[str, Any]
+    model_from: str | None = None
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Stages trained one after another into one run directory (`run.output_dir`/`run.name`; docs/pipelines.md)."""
+
+    recipe: str | None
+    description: str
+    run: RunConfig
+    stages: tuple[PipelineStage, ...]
+
+    @property
+    def labels(self) -> list[str]:
+        return [stage.label for stage in self.stages]
 
 
 def config_to_yaml(cfg: Config) -> str:

@@ -5,16 +5,18 @@ combination fails here, before any model loads. Every config a run uses comes th
 from __future__ import annotations
 
 import copy
+import difflib
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from lmrl.config import RESUMABLE, AlgoConfig, Config, resumable
+from lmrl.config import (RESUMABLE, AlgoConfig, Config, PipelineConfig, PipelineStage, RunConfig, StageEntry,
+                         resumable)
 from lmrl.errors import ConfigError
 from lmrl.presets import PRESETS
-from lmrl.recipe_files import (apply_override, check_keys, get_dotted, has_dotted, list_note, migrate_keys,
-                               parse_override, read_yaml, recipe_tree, seed_named_list, set_dotted)
+from lmrl.recipe_files import (apply_override, check_keys, get_dotted, has_dotted, list_note, merge_trees,
+                               migrate_keys, parse_override, read_yaml, recipe_tree, seed_named_list, set_dotted)
 
 
 def load_config(recipe: str | None = "quickstart", overrides: list[str] | None = None) -> Config:
@@ -22,9 +24,33 @@ def load_config(recipe: str | None = "quickstart", overrides: list[str] | None =
 
     An override may enter a list of named entries by name (`reward.components.answer.weight=0.5`, or an
     entry the preset brings: `algo.terms.demo_nll.coef=0.2`); one that replaces a list the recipe set, and
-    a key spelled as an earlier version did, are recorded in `cfg.notes`."""
+    a key spelled as an earlier version did, are recorded in `cfg.notes`. A pipeline recipe (one with
+    `stages:`) is `load_recipe`'s."""
+    tree = recipe_tree(recipe)
+    if "stages" in tree:
+        raise ConfigError(f"{recipe} is a pipeline recipe (it has stages:): train it with `lmrl train {recipe}` "
+                          "(from Python: lmrl.loading.load_recipe), or name the recipe of one of its stages")
+    return config_from_tree(tree, [parse_override(item) for item in overrides or []])
+
+
+def load_recipe(recipe: str | None = "quickstart", overrides: list[str] | None = None) -> Config | PipelineConfig:
+    """`load_config`, or for a recipe with `stages:` its pipeline, every stage validated (`pipeline_from_tree`)."""
     tree = recipe_tree(recipe)
     parsed = [parse_override(item) for item in overrides or []]
+    return pipeline_from_tree(tree, parsed) if "stages" in tree else config_from_tree(tree, parsed)
+
+
+def config_from_tree(tree: dict[str, Any], parsed: list[tuple[str, Any]]) -> Config:
+    """A recipe's tree with parsed overrides applied (the run's preset seeding the lists they enter), validated."""
+    tree, notes = _overridden(tree, parsed)
+    cfg = build_config(tree)
+    cfg._notes = tuple(note for note in [*notes, *cfg.notes] if note)
+    return cfg
+
+
+def _overridden(tree: dict[str, Any], parsed: list[tuple[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """A copy of `tree` with old key spellings rewritten and `parsed` applied; the notes that made."""
+    tree = copy.deepcopy(tree)
     preset = next((value for key, value in reversed(parsed) if key == "algo.preset"),
                   (tree.get("algo") or {}).get("preset", AlgoConfig.model_fields["preset"].default))
     settings = _preset_settings({"algo": {"preset": preset}})  # the run's preset, wherever it is set
@@ -32,9 +58,116 @@ def load_config(recipe: str | None = "quickstart", overrides: list[str] | None =
     for key, value in parsed:
         seed_named_list(tree, key, Config, settings)
         notes.append(apply_override(tree, key, value))
-    cfg = build_config(tree)
-    cfg._notes = tuple(note for note in [*notes, *cfg.notes] if note)
-    return cfg
+    return tree, notes
+
+
+def dotted_items(mapping: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """A nested mapping as (dotted key, value) pairs: `{trainer: {steps: 3}}` is `trainer.steps=3`, so a
+    stage's mapping merges key by key. `{from: <label>}` (a stage's `model.path`) is a value, not a section."""
+    items = []
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value and set(value) != {"from"}:
+            items += dotted_items(value, f"{prefix}{key}.")
+        else:
+            items.append((f"{prefix}{key}", value))
+    return items
+
+
+def _stage_entries(tree: dict[str, Any]) -> list[StageEntry]:
+    entries = tree.get("stages")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"stages: a list of stages, each {{name: <label>, recipe: ..., overrides: {{...}}}} "
+                          f"(got {entries!r})")
+    found = []
+    for i, entry in enumerate(entries):
+        try:
+            found.append(StageEntry.model_validate(entry))
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ConfigError(f"stages[{i}]{'.' + where if where else ''}: {first['msg']}") from None
+    labels = [entry.name for entry in found]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ConfigError(f"stages: the label {repeated[0]!r} is used twice; each stage needs its own label")
+    return found
+
+
+def _label_of(key: str, labels: list[str]) -> str:
+    """The stage label a `stages.<label>.key` override names, or an error naming the nearest label."""
+    label = key.split(".")[1] if key.count(".") >= 1 else ""
+    if label in labels:
+        return label
+    near = difflib.get_close_matches(label, labels, n=1, cutoff=0.4)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise ConfigError(f"{key}: the pipeline has no stage {label!r}; {hint}its stages: {', '.join(labels)}")
+
+
+def _split_overrides(parsed: list[tuple[str, Any]], labels: list[str]) -> tuple[list, dict[str, list]]:
+    """(the overrides of every stage, label -> the `stages.<label>.key=value` ones of that stage)."""
+    shared, own = [], {label: [] for label in labels}
+    for key, value in parsed:
+        if key != "stages" and not key.startswith("stages."):
+            shared.append((key, value))
+            continue
+        label = _label_of(key, labels)
+        rest = key.split(".", 2)[2] if key.count(".") >= 2 else ""
+        if not rest and not isinstance(value, dict):
+            raise ConfigError(f"{key}: name a key of the stage, e.g. stages.{label}.trainer.steps=5")
+        own[label] += dotted_items(value) if not rest else [(rest, value)]
+    return shared, own
+
+
+def _model_source(label: str, value: Any, earlier: list[str]) -> str:
+    """The earlier stage `model.path: {from: <label>}` names."""
+    source = value.get("from")
+    if source in earlier:
+        return source
+    near = difflib.get_close_matches(str(source), earlier, n=1, cutoff=0.4)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    raise ConfigError(f"stage {label!r}: model.path: {{from: {source}}} must name an earlier stage "
+                      f"({', '.join(earlier) or 'none: it is the first'}){hint}")
+
+
+def pipeline_from_tree(tree: dict[str, Any], parsed: list[tuple[str, Any]]) -> PipelineConfig:
+    """A pipeline recipe's stages, each a validated Config (docs/pipelines.md, "Precedence").
+
+    A stage's tree is, lowest first: its `recipe` (with its bases), the pipeline's top-level keys, its
+    `overrides`, the command line's overrides, then the command line's `stages.<label>.key=value`. A stage
+    after the first starts from the final weights of the stage before it, unless its own overrides set
+    `model.path` (a path, or `{from: <label>}` for an earlier stage; a `model.path` among the shared keys or
+    the command line's overrides is the first stage's model); its config is validated with the model that
+    chain starts from, and the run puts the earlier stage's exported weights there."""
+    entries = _stage_entries(tree)
+    labels = [entry.name for entry in entries]
+    shared_tree = {key: value for key, value in tree.items() if key not in ("stages", "recipe", "description")}
+    shared, own = _split_overrides(parsed, labels)
+    stages: list[PipelineStage] = []
+    for entry in entries:
+        base = recipe_tree(entry.recipe) if entry.recipe else {}
+        stage_tree = merge_trees(base, copy.deepcopy(shared_tree))
+        stage_tree["recipe"] = base.get("recipe", tree.get("recipe"))
+        stage_tree["description"] = base.get("description", tree.get("description", ""))
+        sets_path = any(key == "model.path" for key, _ in [*dotted_items(entry.overrides), *own[entry.name]])
+        every = [(key, value) for key, value in shared if not (sets_path and key == "model.path")]
+        try:
+            stage_tree, notes = _overridden(stage_tree, [*dotted_items(entry.overrides), *every, *own[entry.name]])
+            path = get_dotted(stage_tree, "model.path")
+            model_from = _model_source(entry.name, path, [s.label for s in stages]) if isinstance(path, dict) \
+                else stages[-1].label if stages and not sets_path else None
+            if model_from is not None:
+                set_dotted(stage_tree, "model.path", next(s for s in stages if s.label == model_from).config.model.path)
+            cfg = build_config(stage_tree)
+        except ConfigError as err:
+            raise ConfigError(f"stage {entry.name!r} ({len(stages) + 1} of {len(entries)}): {err}") from None
+        cfg._notes = tuple(note for note in [*notes, *cfg.notes] if note)
+        stages.append(PipelineStage(entry.name, cfg, stage_tree, model_from))
+    run_tree = copy.deepcopy(shared_tree.get("run") or {})
+    for key, value in shared:
+        if key.startswith("run."):
+            set_dotted(run_tree, key.removeprefix("run."), value)
+    return PipelineConfig(tree.get("recipe"), tree.get("description", ""), RunConfig.model_validate(run_tree),
+                          tuple(stages))
 
 
 def _preset_settings(tree: dict[str, Any]) -> dict[str, Any]:

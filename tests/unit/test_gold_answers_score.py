@@ -13,7 +13,8 @@ from fractions import Fraction
 
 import pytest
 
-from lmrl.loading import load_config
+from lmrl.config import PipelineConfig
+from lmrl.loading import load_recipe
 from lmrl.recipe_files import RECIPES_DIR
 from lmrl.rewards import REWARD_FNS
 from lmrl.types import Sample
@@ -28,8 +29,10 @@ def recipe_datasets() -> dict[str, tuple[str, dict]]:
     users: dict[str, list[str]] = {}
     settings: dict[str, tuple[str, dict]] = {}
     for path in sorted(RECIPES_DIR.glob("*.yaml")):
-        task = load_config(path.stem, []).task
-        if task.name == "reasoning_gym":
+        loaded = load_recipe(path.stem, [])
+        for task in [s.config.task for s in loaded.stages] if isinstance(loaded, PipelineConfig) else [loaded.task]:
+            if task.name != "reasoning_gym":
+                continue
             key = f"{task.dataset}{sorted(task.params.items())}"
             users.setdefault(key, []).append(path.stem)
             settings[key] = (task.dataset, dict(task.params))

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmrl.config import ConfigError
-from lmrl.loading import load_config
+from lmrl.config import ConfigError, PipelineConfig
+from lmrl.loading import load_config, load_recipe
 from lmrl.recipe_files import RECIPES_DIR, merge_trees, read_recipe, read_yaml, recipe_path
 from lmrl.validation import check_names
 
@@ -16,10 +16,12 @@ SHIPPED = sorted(p.stem for p in Path(RECIPES_DIR).glob("*.yaml"))
 
 @pytest.mark.parametrize("recipe", SHIPPED)
 def test_every_shipped_recipe_loads_and_passes_the_config_stages(recipe):
-    cfg = load_config(recipe)
-    check_names(cfg)
-    assert cfg.description, f"recipe {recipe} needs a description"
-    assert cfg.recipe == recipe
+    loaded = load_recipe(recipe)
+    for cfg in [s.config for s in loaded.stages] if isinstance(loaded, PipelineConfig) else [loaded]:
+        check_names(cfg)
+        assert cfg.description
+    assert loaded.description, f"recipe {recipe} needs a description"
+    assert loaded.recipe == recipe
 
 
 def _leaves(tree: dict, prefix: str = ""):

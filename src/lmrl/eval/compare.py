@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from lmrl.eval.significance import Comparison, apply_holm, bootstrap, mean_interval, pair_by_uid, welch
+from lmrl.eval.stage_logs import read_pipeline, stage_dirs
 from lmrl.eval.suite_report import figure, json_safe, latest_suite, load_suite
 
 CURVES = ("reward/mean", "accuracy", "eval/accuracy", "response_length/mean", "entropy/rollout", "kl")
@@ -76,12 +77,14 @@ def from_suite(name: str, result: dict) -> Run:
 
 def load_run(path: str | Path) -> Run:
     """A run directory (training curves, and its latest `lmrl eval` result or else its last eval/* values)
-    or an `lmrl eval` JSON file."""
+    or an `lmrl eval` JSON file; a pipeline run is `_load_pipeline`'s."""
     from lmrl.eval.report import read_series
 
     path = Path(path)
     if path.is_file():
         return from_suite(path.stem, load_suite(path))
+    if read_pipeline(path) is not None:
+        return _load_pipeline(path)
     if not (path / "metrics.jsonl").is_file():
         raise FileNotFoundError(f"{path} is neither a run directory (no metrics.jsonl) nor an `lmrl eval` JSON file")
     series = read_series(path)
@@ -92,6 +95,27 @@ def load_run(path: str | Path) -> Run:
         run = Run(path.name, {k.removeprefix("eval/"): s.values[-1] for k, s in series.items()
                               if k.startswith("eval/")})
     run.curves = {k: (s.steps, s.values) for k, s in series.items()}
+    return run
+
+
+def _prefixed(unit: Unit, label: str) -> Unit:
+    return Unit(unit.records, lambda records: {f"{label}/{k}": v for k, v in unit.aggregate(records).items()})
+
+
+def _load_pipeline(path: Path) -> Run:
+    """A pipeline run lined up by stage label: each stage's metrics and per-prompt records under `<label>/`,
+    the last stage's also as they are (the pipeline's result), its training curves on one step axis."""
+    from lmrl.eval.report import read_series
+
+    stages = [(label, load_run(folder)) for label, folder in stage_dirs(path)]
+    if not stages:
+        raise FileNotFoundError(f"{path} is a pipeline run whose stages have logged nothing yet")
+    last = stages[-1][1]
+    run = Run(path.name, dict(last.metrics), dict(last.units), settings=last.settings)
+    for label, stage in stages:
+        run.metrics.update({f"{label}/{k}": v for k, v in stage.metrics.items()})
+        run.units.update({f"{label}/{kind}": _prefixed(unit, label) for kind, unit in stage.units.items()})
+    run.curves = {k: (s.steps, s.values) for k, s in read_series(path).items()}
     return run
 
 

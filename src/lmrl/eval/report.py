@@ -1,9 +1,10 @@
 """One self-contained HTML report for a run directory (`lmrl report RUN`).
 
 Reads `metrics.jsonl` (plus optional `samples.jsonl`, `config.yaml` and the latest `lmrl eval` result in
-`eval/`) and writes `report.html` with headline numbers, one inline-PNG plot per metric family, the
-evaluation suite's plots, recent sample completions and the config, so a run can be inspected or shared
-as a single file without a server or external resources.
+`eval/`; a pipeline run: its stages' logs on one step axis, `eval.stage_logs`) and writes `report.html`
+with headline numbers, one inline-PNG plot per metric family, the evaluation suite's plots, recent
+sample completions and the config, so a run can be inspected or shared as a single file without a server
+or external resources.
 """
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import html
 import json
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from lmrl.eval.stage_logs import joined_logs, read_pipeline, stage_dirs
 from lmrl.eval.suite_report import figure, latest_suite, load_suite, png_base64, suite_section
 
 SAMPLES_PER_STEP = 3
@@ -116,7 +119,10 @@ def _collect_series(rows: list[dict]) -> tuple[dict[str, Series], int]:
 
 
 def read_series(run_dir: str | Path) -> dict[str, Series]:
-    """Metric name → Series from a run's metrics.jsonl (malformed lines and rows without a step skipped)."""
+    """Metric name → Series from a run's metrics.jsonl (malformed lines and rows without a step skipped); a
+    pipeline run's from its stages' logs on one step axis."""
+    if read_pipeline(run_dir) is not None:
+        return _collect_series(joined_logs(run_dir)[0])[0]
     rows, _ = _read_jsonl(Path(run_dir) / "metrics.jsonl")
     return _collect_series(rows)[0]
 
@@ -139,10 +145,15 @@ def _group(series: dict[str, Series]) -> dict[str, list[Series]]:
     return {k: sorted(grouped[k], key=lambda s: (s.name.startswith("eval/"), s.name)) for k in keys}
 
 
-def family_figure(title: str, members: list[Series]) -> Figure:
-    """One family's curves over the steps, on integer step ticks (Agg canvas; no pyplot global state)."""
+def family_figure(title: str, members: list[Series], boundaries: Sequence[tuple[int, str]] = ()) -> Figure:
+    """One family's curves over the steps, on integer step ticks (Agg canvas; no pyplot global state); a
+    pipeline's stage `boundaries` (the step a stage starts after, its label) as labelled vertical lines."""
     fig = figure()
     ax = fig.add_subplot()
+    for step, label in boundaries:
+        ax.axvline(step, color="grey", linewidth=0.8, linestyle=":")
+        ax.annotate(label, (step, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
+                    textcoords="offset points", fontsize="small", color="grey")
     for s in members:
         pairs = sorted(zip(s.steps, s.values), key=lambda p: p[0])
         xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -215,10 +226,13 @@ def _samples_section(samples: list[dict]) -> str:
 
 
 def _render(run_name: str, run_dir: Path, series: dict[str, Series], n_rows: int, warnings: list[str],
-            samples: list[dict] | None, config_text: str | None, suite_html: str | None = None) -> str:
+            samples: list[dict] | None, config_text: str | None, suite_html: str | None = None,
+            stages: dict | None = None, boundaries: Sequence[tuple[int, str]] = ()) -> str:
     parts = [f"<h1>{html.escape(run_name)}</h1>",
              f'<div class="sub">{html.escape(str(run_dir))} · {n_rows} metric rows</div>']
     parts += [f'<p class="note">{html.escape(w)}</p>' for w in warnings]
+    if stages is not None:
+        parts += ["<h2>Stages</h2>", _stages_table(stages, boundaries)]
     if not series:
         parts.append('<p class="note">No steps were logged in metrics.jsonl.</p>')
     else:
@@ -226,7 +240,7 @@ def _render(run_name: str, run_dir: Path, series: dict[str, Series], n_rows: int
         last_step = max(max(s.steps) for s in series.values())
         parts += [_cards(grouped, last_step), "<h2>Metrics</h2>", '<div class="plots">']
         parts += [f'<div class="plot"><img alt="{html.escape(title)}" '
-                  f'src="data:image/png;base64,{png_base64(family_figure(title, members))}"></div>'
+                  f'src="data:image/png;base64,{png_base64(family_figure(title, members, boundaries))}"></div>'
                   for title, members in grouped.items()]
         parts += ["</div>", "<h2>Summary</h2>", _summary_table(grouped)]
     if suite_html:
@@ -242,6 +256,37 @@ def _render(run_name: str, run_dir: Path, series: dict[str, Series], n_rows: int
             f"<body><main>\n{body}\n</main></body></html>\n")
 
 
+def _stages_table(record: dict, boundaries: Sequence[tuple[int, str]]) -> str:
+    """A pipeline's stages: label, status, steps, the steps of the joined axis they cover, their folder."""
+    starts = dict((label, step) for step, label in boundaries)
+    rows = []
+    for stage in record["stages"]:
+        start = starts.get(stage["label"])
+        span = "" if start is None or stage.get("steps") is None else f"{start + 1}–{start + stage['steps']}"
+        rows.append(f"<tr><td>{html.escape(stage['label'])}</td><td>{html.escape(stage['status'])}</td>"
+                    f'<td class="num">{_fmt(stage.get("steps"))}</td><td class="num">{span}</td>'
+                    f"<td>{html.escape(stage['dir'])}</td></tr>")
+    return ("<table><tr><th>stage</th><th>status</th><th>steps</th><th>on this page</th><th>run directory</th></tr>"
+            f"{''.join(rows)}</table>")
+
+
+def _pipeline_report(run_dir: Path, record: dict) -> Path:
+    """The report of a pipeline run: its stages' logs on one step axis, stage boundaries marked."""
+    rows, boundaries = joined_logs(run_dir)
+    series, _ = _collect_series(rows)
+    samples = joined_logs(run_dir, "samples.jsonl")[0]
+    started = stage_dirs(run_dir)
+    suite_path = latest_suite(started[-1][1]) if started else None
+    suite_html = suite_section(load_suite(suite_path), str(suite_path)) if suite_path is not None else None
+    config_text = "\n".join(f"# stage {label}: {path / 'config.yaml'}\n{(path / 'config.yaml').read_text()}"
+                            for label, path in started if (path / "config.yaml").is_file())
+    page = _render(run_dir.resolve().name, run_dir, series, len(rows), [], samples or None, config_text or None,
+                   suite_html, stages=record, boundaries=boundaries)
+    out = run_dir / "report.html"
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
 def write_report(run_dir: str | Path) -> Path:
     """Write `run_dir/report.html` from the run's logs and return its path.
 
@@ -249,6 +294,9 @@ def write_report(run_dir: str | Path) -> Path:
     values are skipped; malformed lines are skipped and reported at the top of the page.
     """
     run_dir = Path(run_dir)
+    record = read_pipeline(run_dir)
+    if record is not None:
+        return _pipeline_report(run_dir, record)
     metrics_path = run_dir / "metrics.jsonl"
     if not metrics_path.is_file():
         raise FileNotFoundError(f"no metrics file at {metrics_path}; is {run_dir} a run directory?")

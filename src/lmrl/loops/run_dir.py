@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmrl.config import Config, config_to_yaml
+from lmrl.config import Config, RunConfig, config_to_yaml
 from lmrl.data.replay import rollout_records
 from lmrl.trackers import Trackers
 from lmrl.types import Group
@@ -26,8 +26,9 @@ def _clean(value: Any) -> Any:
 
 
 # what a run writes in its directory (lmrl eval and lmrl report add eval/ and report.html; trackers their folders)
+# (a pipeline run: its record and its stages' folders, docs/pipelines.md)
 RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "checkpoints", "eval", "report.html",
-               "tensorboard", "wandb", "mlflow")
+               "tensorboard", "wandb", "mlflow", "pipeline.json", "stages")
 
 
 def run_entries(path: Path) -> list[str]:
@@ -36,22 +37,28 @@ def run_entries(path: Path) -> list[str]:
 
 
 def run_dir_for(cfg: Config) -> Path:
-    """Where a new run of `cfg` writes, refused when that directory holds a run and `run.overwrite` is not set.
+    """Where a new run of `cfg` writes (`new_run_path`)."""
+    return new_run_path(cfg.run, cfg.recipe)
+
+
+def new_run_path(run: RunConfig, recipe: str | None) -> Path:
+    """Where a new run with the `run` settings writes, refused when that directory holds a run and
+    `run.overwrite` is not set.
 
     An unnamed run gets the recipe and a timestamp, with a `-2`, `-3`, … suffix when that name is taken."""
-    root = Path(cfg.run.output_dir)
-    if cfg.run.name is None:
-        base = f"{cfg.recipe or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    root = Path(run.output_dir)
+    if run.name is None:
+        base = f"{recipe or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
         path, n = root / base, 1
         while path.exists():
             n += 1
             path = root / f"{base}-{n}"
         return path
-    path = root / cfg.run.name
+    path = root / run.name
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"run directory {path} is a file; choose another run.name or run.output_dir")
     held = run_entries(path)
-    if held and not cfg.run.overwrite:
+    if held and not run.overwrite:
         raise FileExistsError(f"run directory {path} already holds a run ({', '.join(held)}): continue it with "
                               f"`lmrl train --resume {path}`, start it over with run.overwrite=true (deletes that "
                               "run), or choose another run.name")
