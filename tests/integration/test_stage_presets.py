@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import make_tokenizer, toy_run_config
 from lmrl.config import ConfigError
@@ -94,3 +95,29 @@ def test_the_tasks_own_demonstrations_are_a_cold_start(tmp_path):
     assert evals[0]["eval/accuracy"] < 0.5 and evals[-1]["eval/accuracy"] == 1.0
     losses = [r["eval/loss"] for r in rows if "eval/loss" in r]
     assert losses[-1] < 0.1 * losses[0]
+
+
+def test_reference_log_probs_of_a_pair_are_computed_once(tmp_path):
+    """Three epochs over six pairs: the reference scores each of the twelve rows once, and the cached values are
+    those a fresh reference pass gives."""
+    cfg = toy_run_config(tmp_path, 9, algo={"preset": "dpo"}, trainer={"lr": 1e-2},
+                         batches={"dataset": str(preferences(tmp_path / "pairs.jsonl", n=6)), "size": 2})
+    tok = make_tokenizer()
+    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
+    scored, logprobs = [], stages.learner.logprobs
+
+    def counting(batch, reference=False, rows=None, model=None):
+        if reference:
+            scored.append(batch.num_rows if rows is None else len(rows))
+        return logprobs(batch, reference=reference, rows=rows, model=model)
+    stages.learner.logprobs = counting
+    train(cfg, stages=stages)
+    assert sum(scored) == 12
+    from lmrl.inputs import provide
+    from lmrl.loops.batching import to_batch
+    from lmrl.loops.collect import batch_inputs
+
+    inputs = batch_inputs(stages, stages.offline.train[:3], 1)
+    batch = to_batch(inputs, stages.engine.pad_token_id)
+    provide(batch, inputs, with_learner=True)
+    assert torch.allclose(batch.extras["ref_logp"], logprobs(batch, reference=True), atol=1e-6)

@@ -2,10 +2,14 @@
 batch, just before `Algorithm.prepare`."""
 from __future__ import annotations
 
+import torch
+
 from lmrl.algos.gather import MODEL_OUTPUTS
 from lmrl.inputs.registry import PROVIDERS, InputContext
 from lmrl.stats import masked_mean
-from lmrl.types import Batch, Sample, collate
+from lmrl.types import Batch, Origin, Sample, collate
+
+REF_LOGP = "ref_logp"  # Sample.info key of an offline row's reference log-probs, per completion token
 
 
 @PROVIDERS.register("rollout_logp", "behaviour log-probs: the engine's or the peer's; rows whose origin brings none "
@@ -20,9 +24,20 @@ def behaviour_logprobs(batch: Batch, ctx: InputContext) -> None:
         batch.behaviour_logprobs[rows] = ctx.learner.logprobs(batch, rows=rows)[rows]
 
 
-@PROVIDERS.register("ref_logp", "the frozen reference policy's log-probs", needs={"learner"})
+@PROVIDERS.register("ref_logp", "the frozen reference policy's log-probs (an offline dataset's rows: computed once, "
+                    "the first time a row is trained, and kept with it)", needs={"learner", "samples"})
 def reference_logprobs(batch: Batch, ctx: InputContext) -> None:
-    batch.extras["ref_logp"] = ctx.learner.logprobs(batch, reference=True)
+    samples = ctx.samples
+    cached = [x.origin is Origin.DATASET and REF_LOGP in x.info for x in samples]
+    todo = [i for i, hit in enumerate(cached) if not hit]
+    out = ctx.learner.logprobs(batch, reference=True, rows=todo) if todo else torch.zeros_like(batch.completion_mask)
+    for i, x in enumerate(samples):
+        start, n = len(x.prompt_ids) - 1, len(x.completion_ids)
+        if cached[i]:
+            out[i, start: start + n] = x.info[REF_LOGP]
+        elif x.origin is Origin.DATASET:  # fixed tokens, frozen reference: the same values every epoch
+            x.info[REF_LOGP] = out[i, start: start + n].clone()
+    batch.extras["ref_logp"] = out
 
 
 def estimate_entropy(batch: Batch) -> float:
