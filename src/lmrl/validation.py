@@ -176,7 +176,13 @@ def _batches(cfg: Config) -> None:
     if pairwise and not spec.pairs:
         raise ConfigError(f"the {pairwise[0]!r} term compares the rows of a preference pair, which "
                           f"batches.source={b.source} does not make: use batches.source=pairs")
+    if not spec.policy_gradient and not active_terms(cfg.algo, policy_gradient=False):
+        raise ConfigError(f"batches.source={b.source} is trained by the terms of algo.terms alone (e.g. "
+                          "[{name: nll}] or [{name: dpo}]), and it lists none")
     if spec.online:
+        if spec.pairs and (cfg.rollout.max_staleness is not None or cfg.rollout.group_size < 2):
+            raise ConfigError(f"batches.source={b.source} pairs the samples of each prompt as they are collected: "
+                              "rollout.group_size must be >= 2 and rollout.max_staleness unset")
         return
     source = f"batches.source={b.source} trains on the rows of an offline dataset"
     if spec.task_rows and cfg.task.demonstration is None:
@@ -188,9 +194,6 @@ def _batches(cfg: Config) -> None:
     if b.format != "auto" and b.format not in spec.formats:
         raise ConfigError(f"batches.format={b.format}: batches.source={b.source} reads {sorted(spec.formats)} "
                           "(or auto)")
-    if not active_terms(cfg.algo, rollouts=False):
-        raise ConfigError(f"{source}, which only the terms of algo.terms train (e.g. [{{name: nll}}]), and it "
-                          "lists none")
     rollout_only = [(cfg.rollout.max_staleness is not None, "rollout.max_staleness"),
                     (cfg.rollout.stream_chunks > 1, "rollout.stream_chunks"), (cfg.algo.critic, "algo.critic"),
                     (cfg.data.demonstrations != "none", "data.demonstrations"), (cfg.dist.backend != "none", "dist.backend")]

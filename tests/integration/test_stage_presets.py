@@ -121,3 +121,16 @@ def test_reference_log_probs_of_a_pair_are_computed_once(tmp_path):
     batch = to_batch(inputs, stages.engine.pad_token_id)
     provide(batch, inputs, with_learner=True)
     assert torch.allclose(batch.extras["ref_logp"], logprobs(batch, reference=True), atol=1e-6)
+
+
+def test_online_dpo_pairs_the_policys_own_rollouts(tmp_path):
+    """Each kept group becomes [best, worst] by reward; the pair's DPO loss starts at log 2 and falls, and the
+    reward the pairs were ranked by rises."""
+    cfg = toy_run_config(tmp_path, 12, algo={"preset": "online_dpo"}, trainer={"lr": 1e-2})
+    rows, stages = run(cfg)
+    steps = [r for r in rows if "pref/loss" in r]
+    assert steps[0]["pref/loss"] == pytest.approx(0.693147, abs=1e-4)
+    assert all(r["data/pairs"] >= 1 for r in steps)
+    assert sum(r["reward/mean"] for r in steps[-3:]) > sum(r["reward/mean"] for r in steps[:3])
+    with pytest.raises(ConfigError, match="group_size must be >= 2"):
+        toy_run_config(tmp_path, 1, algo={"preset": "online_dpo"}, rollout={"group_size": 1})

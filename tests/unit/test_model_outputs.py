@@ -50,7 +50,7 @@ def test_select_keeps_row_extras_whole_and_trims_token_extras():
 class TokenEntropy:
     """A learner and algorithm stand-in: the model outputs before `prepare` are token entropies of 2."""
 
-    prepare_outputs, hidden_layer, rollouts = {"token_entropy"}, -1, True
+    prepare_outputs, hidden_layer, policy_gradient = {"token_entropy"}, -1, True
 
     def model_outputs(self, batch, outputs, hidden_layer=-1):
         return {"token_entropy": 2.0 * batch.completion_mask}

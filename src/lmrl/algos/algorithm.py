@@ -34,25 +34,26 @@ from lmrl.types import Batch
 
 @dataclass
 class Algorithm:
-    """`rollouts=False`: the batches are an offline dataset's rows (`batches.source`), which bring no rewards:
-    no advantages, no policy-gradient loss; the objective is the KL and entropy terms and `algo.terms`."""
+    """`policy_gradient=False`: the batches are trained by their listed terms alone (`batches.source`: an offline
+    dataset's rows, which bring no rewards, or preference pairs of rollouts): no advantages, no policy-gradient
+    loss; the objective is the KL and entropy terms and `algo.terms`."""
 
     cfg: AlgoConfig
     max_new_tokens: int
-    rollouts: bool = True
+    policy_gradient: bool = True
 
     def __post_init__(self):
         self.advantage_fn = ADVANTAGES.get(self.cfg.advantage)
-        self.advantage_spec = ADVANTAGES.spec(self.cfg.advantage if self.rollouts else "grpo")
-        self.loss_spec = LOSSES.spec(self.cfg.loss if self.rollouts else "ppo_clip")
-        rejects = self.rollouts and self.cfg.rejected_tokens == "drop"
+        self.advantage_spec = ADVANTAGES.spec(self.cfg.advantage if self.policy_gradient else "grpo")
+        self.loss_spec = LOSSES.spec(self.cfg.loss if self.policy_gradient else "ppo_clip")
+        rejects = self.policy_gradient and self.cfg.rejected_tokens == "drop"
         self.token_mask_fn = self.loss_spec.token_mask if rejects else None
         advantage_state, self.advantage_knobs = build_state(self.advantage_spec, self.cfg.advantage_params)
         loss_state, self.loss_knobs = build_state(self.loss_spec, self.cfg.loss_params)
         self.states = {name: st for name, st in (("advantage", advantage_state), ("loss", loss_state)) if st is not None}
         if self.cfg.guards.enabled:  # failure-mode guard (algos/guards.py), checkpointed like the method states
             self.states["guard"] = Guard(self.cfg.guards)
-        self.terms = active_terms(self.cfg, self.rollouts)
+        self.terms = active_terms(self.cfg, self.policy_gradient)
         # what a term's input providers use, built once per run (e.g. the distill term's teacher context)
         self.built = {t.name: TERMS.spec(t.name).builds(**t.settings) for t in self.terms if TERMS.spec(t.name).builds}
         self.term_inputs = term_inputs(self.terms)
@@ -73,7 +74,7 @@ class Algorithm:
     @property
     def critic(self) -> bool:
         """A value head is trained (its values feed the estimator, its loss joins the objective)."""
-        return self.cfg.critic and self.rollouts
+        return self.cfg.critic and self.policy_gradient
 
     @property
     def pairwise(self) -> bool:
@@ -138,7 +139,7 @@ class Algorithm:
 
     def _inert_by_advantage(self, batch: Batch) -> torch.Tensor:
         rows = batch.completion_mask.shape[0]
-        if not self.rollouts:  # no policy-gradient term: only the other terms pull on a row
+        if not self.policy_gradient:  # no policy-gradient term: only the other terms pull on a row
             return torch.ones(rows, dtype=torch.bool)
         if not self.loss_spec.zero_at_zero_advantage or batch.advantages is None:
             return torch.zeros(rows, dtype=torch.bool)
@@ -169,8 +170,8 @@ class Algorithm:
         for state in self.states.values():
             if hasattr(state, "before_prepare"):
                 state.before_prepare(batch)
-        metrics = self._prepare(batch) if self.rollouts else {}
-        if not self.rollouts:
+        metrics = self._prepare(batch) if self.policy_gradient else {}
+        if not self.policy_gradient:
             batch.advantages = torch.zeros_like(batch.completion_mask)
         for term in self.terms:  # the share of rows each term's provider flagged (`TermSpec.row_flags`)
             for flag, metric in TERMS.spec(term.name).row_flags.items():

@@ -116,19 +116,19 @@ def listed_term(name: str, coef: float, params: dict[str, Any]) -> ActiveTerm:
     return ActiveTerm(name, coef, knobs, {**spec.settings, **{k: v for k, v in params.items() if k in spec.settings}})
 
 
-def active_terms(cfg: AlgoConfig, rollouts: bool = True) -> list[ActiveTerm]:
+def active_terms(cfg: AlgoConfig, policy_gradient: bool = True) -> list[ActiveTerm]:
     """The terms of the objective, in the order they are summed: the policy-gradient loss, the shared terms
     their keys switch on, then the entries of `algo.terms` (one with coefficient 0 is off).
 
-    A batch of an offline dataset (`rollouts=False`) has no rewards: no policy-gradient or value term, only
-    KL, entropy and the listed terms."""
+    A batch trained by its listed terms alone (`policy_gradient=False`: an offline dataset's rows, preference
+    pairs) has no policy-gradient or value term, only KL, entropy and the listed terms."""
     listed = [listed_term(t.name, t.coef, t.params) for t in cfg.terms if t.coef != 0]
     shared = []
     if cfg.kl_coef > 0 and not cfg.kl_in_reward:
         shared.append(ActiveTerm("kl", cfg.kl_coef, {"estimator": cfg.kl_estimator}))
     if cfg.entropy_coef != 0:
         shared.append(ActiveTerm("entropy", -cfg.entropy_coef))
-    if not rollouts:
+    if not policy_gradient:
         return shared + listed
     spec = LOSSES.spec(cfg.loss)
     loss_knobs = {k: v for k, v in cfg.loss_params.items() if k not in state_knobs(spec)}

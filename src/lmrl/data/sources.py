@@ -21,7 +21,7 @@ from lmrl.config import BatchesConfig, Config
 from lmrl.registry import Registry
 from lmrl.data.demonstrations import demonstration_sample
 from lmrl.data.replay import ReplayParams, replayed_samples
-from lmrl.types import Group, Origin
+from lmrl.types import Group, Origin, Sample
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,12 @@ class BatchSourceSpec:
 
     def __post_init__(self):
         object.__setattr__(self, "formats", frozenset(self.formats))
+
+    @property
+    def policy_gradient(self) -> bool:
+        """Its batches train the policy-gradient loss on rewards: rollouts not made into pairs. Every other
+        source is trained by the terms of `algo.terms` alone."""
+        return self.online and not self.pairs
 
 
 @dataclass
@@ -129,6 +135,37 @@ def task_demonstrations(cfg: Config, tokenizer, rows: list[dict], eval_rows: lis
                        f"demonstrations of task {cfg.task.name} ({cfg.task.demonstration!r})")
 
 
+NO_GAP = "had no reward gap between its samples"
+
+
+def best_and_worst(samples: list[Sample], min_gap: float = 0.0) -> list[Sample] | None:
+    """[the best-rewarded sample, the worst], labelled chosen and rejected in their `info`; None when the rewards
+    differ by no more than `min_gap` (ties go to the earlier sample). Excluded samples do not count."""
+    scored = [x for x in samples if x.excluded is None and x.reward is not None]
+    if len(scored) < 2:
+        return None
+    best, worst = max(scored, key=lambda x: x.reward), min(scored, key=lambda x: x.reward)
+    if best.reward - worst.reward <= min_gap:
+        return None
+    best.info["preference"], worst.info["preference"] = "chosen", "rejected"
+    return [best, worst]
+
+
+def preference_pairs(groups: list[Group], min_gap: float = 0.0) -> tuple[list[Group], int]:
+    """Each group as the pair of its best- and worst-rewarded samples (online preference optimisation: pairs
+    built from the policy's own rollouts by any reward), and how many groups made none."""
+    pairs = [(g, best_and_worst(g.samples, min_gap)) for g in groups]
+    return [Group(g.uid, g.row, p) for g, p in pairs if p is not None], sum(p is None for _, p in pairs)
+
+
+@BATCH_SOURCES.register("online_pairs", "the policy's own rollouts, each prompt's best- and worst-rewarded samples "
+                        "as a preference pair (online DPO: pairs from any reward)", online=True, pairs=True)
+def online_pairs(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> None:
+    """Made by the step loop, like `rollouts`; the inline source pairs each step's kept groups
+    (`preference_pairs`, `batches.params.min_gap`)."""
+    return None
+
+
 @BATCH_SOURCES.register("rollout_pairs", "pairs from an earlier run's recorded rollouts (run.save_rollouts): each "
                         "prompt's best- and worst-rewarded samples, token ids as sampled", pairs=True,
                         formats={"rollouts"})
@@ -147,14 +184,11 @@ def rollout_pairs(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict
         if "rollouts" not in record:
             raise ValueError(f"batches.dataset {b.dataset}: record {i} has no 'rollouts' (a run's rollouts.jsonl, "
                              "written with run.save_rollouts=true)")
-        samples = [x for x in replayed_samples(record, ReplayParams()) if x.reward is not None]
-        if len(samples) < 2 or max(x.reward for x in samples) - min(x.reward for x in samples) <= min_gap:
-            dropped["had no reward gap between its samples"] += 1
+        samples = [replace(x, origin=Origin.DATASET, info={}) for x in replayed_samples(record, ReplayParams())]
+        pair = best_and_worst(samples, min_gap)
+        if pair is None:
+            dropped[NO_GAP] += 1
             continue
-        best = max(samples, key=lambda x: x.reward)
-        worst = min(samples, key=lambda x: x.reward)
-        pair = [replace(best, origin=Origin.DATASET, info={"preference": "chosen"}),
-                replace(worst, origin=Origin.DATASET, info={"preference": "rejected"})]
         groups.append(Group(f"pair-{i}", record, pair))
     random.Random(b.params.get("seed", 0)).shuffle(groups)
     if len(groups) <= b.num_eval:

@@ -356,7 +356,7 @@ class Learner:
                 metrics["entropy"] = _approx_entropy(logp, mask)
         else:
             metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
-        if algorithm.rollouts:
+        if algorithm.policy_gradient:
             metrics["mismatch_kl"] = float(((micro.behaviour_logprobs.to(mask.device) - logp.detach()) * mask).sum()
                                            / mask.sum().clamp(min=1))
         return loss, metrics

@@ -78,7 +78,7 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
     check_names(cfg)
     parallel = data_parallel(cfg)
     sampler, offline = None, None
-    rollouts = BATCH_SOURCES.spec(cfg.batches.source).online
+    source = BATCH_SOURCES.spec(cfg.batches.source)
 
     def data_ready(pieces: Pieces) -> None:
         nonlocal sampler, offline
@@ -88,7 +88,7 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
             print(f"data: {summary}", file=sys.stderr, flush=True)
         check_row_fields(cfg, pieces.train_rows)
         sampler = build_sampler(cfg, pieces.train_rows)
-        if not rollouts:
+        if not source.online:
             offline = read_offline(cfg, pieces.tokenizer, pieces.train_rows, pieces.eval_rows)
             if shown:
                 print(f"batches: {offline.summary()}", file=sys.stderr, flush=True)
@@ -97,8 +97,8 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
     model, tokenizer, engine = pieces.model, pieces.tokenizer, pieces.engine
     if parallel.world_size > 1:
         engine = ShardedRollouts(engine, parallel)
-    algorithm = Algorithm(cfg.algo, cfg.rollout.max_new_tokens, rollouts=rollouts)
-    temperature = cfg.rollout.temperature if rollouts else 1.0  # an offline dataset's rows: the model's own p
+    algorithm = Algorithm(cfg.algo, cfg.rollout.max_new_tokens, policy_gradient=source.policy_gradient)
+    temperature = cfg.rollout.temperature if source.online else 1.0  # an offline dataset's rows: the model's own p
     learner = Learner(model, cfg.trainer, temperature, needs_reference=algorithm.needs_reference,
                       bf16=resolve_bf16(cfg.trainer.bf16, pieces.device), critic=algorithm.critic,
                       critic_lr=cfg.algo.critic_lr, critic_shares_trunk=cfg.algo.critic_shares_trunk,
