@@ -248,6 +248,8 @@ class TrainerConfig(Section):
     bf16: bool | Literal["auto"] = "auto"  # bf16 autocast (auto: where the hardware has fast bf16)
     micro_batch_tokens: int = Field(8192, ge=1)  # token budget per micro-batch (padded)
     share_prompt: bool = True  # a prompt's samples share one prompt pass in training (exact)
+    # several rows in one packed row, attending within themselves, positions restarting (exact; less padding)
+    pack_rows: bool = False
     mini_batches: int = Field(1, ge=1)  # optimiser steps per rollout batch
     epochs: int = Field(1, ge=1)  # passes over each rollout batch
     seed: int = 0
@@ -372,7 +374,8 @@ def config_to_yaml(cfg: Config) -> str:
 
 # Settings that may change when a run is resumed: extending it, where and how often it reports and saves.
 # Checkpoints are device-independent, so where and how memory-frugally the learner runs may change too.
-RESUMABLE = ("trainer.steps", "trainer.threads", "trainer.device", "trainer.gradient_checkpointing", "rollout.vllm.",
+RESUMABLE = ("trainer.steps", "trainer.threads", "trainer.device", "trainer.gradient_checkpointing", "trainer.pack_rows",
+             "rollout.vllm.",
              "run.checkpoint_every", "run.keep_checkpoints", "run.progress", "run.trackers", "run.overwrite", "eval.")
 
 

@@ -16,8 +16,9 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from lmrl.data.conversations import encode_conversation, prefix_spans
-from lmrl.data.sft import (EMPTY, NO_ASSISTANT, NOTHING_LEFT, Records, Skipped, detect_format, document_position_ids,
-                           encode_pair, encode_records, encode_sft, encode_unpaired, pack_documents, read_records,
+from lmrl.learners.packing import pack_documents
+from lmrl.data.sft import (EMPTY, NO_ASSISTANT, NOTHING_LEFT, Records, Skipped, detect_format,
+                           encode_pair, encode_records, encode_sft, encode_unpaired, read_records,
                            skipped_summary)
 from lmrl.envs.chat import TemplateError, encode_opening
 from lmrl.envs.tasks import TaskError
@@ -384,7 +385,6 @@ def test_origin_dataset_is_supervised_only():
 
 def test_bfd_packing_matches_trl():
     assert pack_documents([5, 2, 3, 1], 4) == [[0], [2, 3], [1]]  # TRL's pack_dataset docstring example
-    assert document_position_ids([3, 2]) == [0, 1, 2, 0, 1]
     with pytest.raises(ValueError, match="at least one token"):
         pack_documents([3, 0], 4)
     trl_data = pytest.importorskip("trl.data_utils")

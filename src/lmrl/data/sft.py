@@ -20,8 +20,7 @@ error: the encoder returns `Skipped(reason)`, which the caller counts and report
 """
 from __future__ import annotations
 
-import bisect
-from collections import Counter, defaultdict, deque
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -328,38 +327,3 @@ def encode_records(records: list[dict[str, Any]], fmt: str, tokenizer, max_token
         else:
             kept.append(out)
     return kept, skipped
-
-
-def pack_documents(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Best-fit-decreasing packing (TRL's `bfd`): the documents' indices in bins of at most `max_tokens`
-    tokens. Longest first (a document longer than `max_tokens` counts as `max_tokens`: the caller truncates
-    it); each goes to the bin with the least room that fits it (the oldest such bin on a tie), or a new bin."""
-    if any(n <= 0 for n in lengths):
-        raise ValueError(f"pack_documents: every document needs at least one token, got lengths {lengths}")
-    sizes = [min(n, max_tokens) for n in lengths]
-    bins: list[list[int]] = []
-    rooms: list[int] = []  # the distinct free rooms of the bins, sorted
-    by_room: dict[int, deque[int]] = defaultdict(deque)  # free room -> the bins with that room, oldest first
-    for doc in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
-        size = sizes[doc]
-        at = bisect.bisect_left(rooms, size)
-        if at < len(rooms):
-            room = rooms[at]
-            target = by_room[room].popleft()
-            if not by_room[room]:
-                rooms.pop(at)
-        else:
-            room, target = max_tokens, len(bins)
-            bins.append([])
-        bins[target].append(doc)
-        left = room - size
-        if left:
-            if not by_room[left]:
-                bisect.insort(rooms, left)
-            by_room[left].append(target)
-    return bins
-
-
-def document_position_ids(lengths: list[int]) -> list[int]:
-    """Position ids of packed documents, restarting at 0 at each one: [3, 2] -> [0, 1, 2, 0, 1]."""
-    return [p for n in lengths for p in range(n)]

@@ -9,6 +9,8 @@ positions that predict a generated token reach the LM head; each row's last toke
 """
 from __future__ import annotations
 
+import bisect
+from collections import defaultdict, deque
 from dataclasses import dataclass
 
 import torch
@@ -50,45 +52,59 @@ def packed_length(batch: Batch, rows: list[int]) -> int:
     return p + sum(int(batch.attention_mask[r].sum()) - p for r in rows)
 
 
-def pack(batch: Batch, units: list[list[int]], pad_id: int) -> PackedBatch:
-    lengths = [packed_length(batch, u) for u in units]
+def pack(batch: Batch, units: list[list[int]], pad_id: int, bins: list[list[int]] | None = None) -> PackedBatch:
+    """The packed rows of `units`: by default one unit per row; `bins` (lists of unit indices) put several units
+    in one row, each attending only within itself, its position ids starting at 0 (document packing)."""
+    bins = bins if bins is not None else [[u] for u in range(len(units))]
+    lengths = [sum(packed_length(batch, units[u]) for u in members) for members in bins]
     width = max(lengths)
-    n = len(units)
+    n = len(bins)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
     pos = torch.zeros((n, width), dtype=torch.long)
     mask = torch.zeros((n, 1, width, width), dtype=torch.bool)
     src_row, src_pos, dst_row, dst_t, targets = [], [], [], [], []
     last_row, last_pos = [0] * batch.num_rows, [0] * batch.num_rows
     causal = torch.ones((width, width), dtype=torch.bool).tril()
-    for i, rows in enumerate(units):
-        p = prompt_length(batch, rows[0])
-        ids[i, :p] = batch.input_ids[rows[0], :p]
-        pos[i, :p] = torch.arange(p)
-        mask[i, 0, :p, :p] = causal[:p, :p]
-        cursor = p
-        for r in rows:
-            total = int(batch.attention_mask[r].sum())
-            comp = batch.input_ids[r, p:total]
-            c = len(comp)
-            span = slice(cursor, cursor + c)
-            ids[i, span] = comp
-            pos[i, span] = torch.arange(p, p + c)
-            mask[i, 0, span, :p] = True
-            mask[i, 0, span, span] = causal[:c, :c]
-            # token k of the completion (Batch position p+k) is predicted from the prompt's last
-            # position for k = 0, and from the completion's own previous token otherwise
-            src_row += [i] * c
-            src_pos += [p - 1] + list(range(cursor, cursor + c - 1))
-            dst_row += [r] * c
-            dst_t += list(range(p - 1, p - 1 + c))
-            targets += comp.tolist()
-            last_row[r], last_pos[r] = i, cursor + c - 1 if c else p - 1
-            cursor += c
+    for i, members in enumerate(bins):
+        cursor = 0
+        for u in members:
+            rows, start = units[u], cursor
+            p = prompt_length(batch, rows[0])
+            prompt = slice(start, start + p)
+            ids[i, prompt] = batch.input_ids[rows[0], :p]
+            pos[i, prompt] = torch.arange(p)
+            mask[i, 0, prompt, prompt] = causal[:p, :p]
+            cursor = start + p
+            for r in rows:
+                total = int(batch.attention_mask[r].sum())
+                comp = batch.input_ids[r, p:total]
+                c = len(comp)
+                span = slice(cursor, cursor + c)
+                ids[i, span] = comp
+                pos[i, span] = torch.arange(p, p + c)
+                mask[i, 0, span, prompt] = True
+                mask[i, 0, span, span] = causal[:c, :c]
+                # token k of the completion (Batch position p+k) is predicted from the prompt's last
+                # position for k = 0, and from the completion's own previous token otherwise
+                src_row += [i] * c
+                src_pos += [start + p - 1] + list(range(cursor, cursor + c - 1))
+                dst_row += [r] * c
+                dst_t += list(range(p - 1, p - 1 + c))
+                targets += comp.tolist()
+                last_row[r], last_pos[r] = i, cursor + c - 1 if c else start + p - 1
+                cursor += c
         for j in range(cursor, width):  # padding attends to itself only (no empty softmax rows)
             mask[i, 0, j, j] = True
     as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
     return PackedBatch(ids, pos, mask, as_long(src_row), as_long(src_pos), as_long(dst_row), as_long(dst_t),
                        as_long(targets), lengths, as_long(last_row), as_long(last_pos))
+
+
+def unit_bins(batch: Batch, units: list[list[int]]) -> list[list[int]]:
+    """Units binned best-fit decreasing into rows no longer than the longest unit: the packed width stays that
+    of the unpacked micro-batch, and the rows a shorter unit would have padded hold other units instead."""
+    lengths = [packed_length(batch, u) for u in units]
+    return pack_documents(lengths, max(lengths))
 
 
 def fill_budget(lengths: list[int], budget: int) -> list[list[int]]:
@@ -112,3 +128,33 @@ def budget_units(batch: Batch, budget: int) -> list[list[list[int]]]:
     """Micro-batches of prompt units whose padded packed size stays within `budget` tokens."""
     units = prompt_units(batch)
     return [[units[i] for i in group] for group in fill_budget([packed_length(batch, u) for u in units], budget)]
+
+
+def pack_documents(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Best-fit-decreasing packing (TRL's `bfd`): the documents' indices in bins of at most `max_tokens`
+    tokens. Longest first (a document longer than `max_tokens` counts as `max_tokens`: the caller truncates
+    it); each goes to the bin with the least room that fits it (the oldest such bin on a tie), or a new bin."""
+    if any(n <= 0 for n in lengths):
+        raise ValueError(f"pack_documents: every document needs at least one token, got lengths {lengths}")
+    sizes = [min(n, max_tokens) for n in lengths]
+    bins: list[list[int]] = []
+    rooms: list[int] = []  # the distinct free rooms of the bins, sorted
+    by_room: dict[int, deque[int]] = defaultdict(deque)  # free room -> the bins with that room, oldest first
+    for doc in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        size = sizes[doc]
+        at = bisect.bisect_left(rooms, size)
+        if at < len(rooms):
+            room = rooms[at]
+            target = by_room[room].popleft()
+            if not by_room[room]:
+                rooms.pop(at)
+        else:
+            room, target = max_tokens, len(bins)
+            bins.append([])
+        bins[target].append(doc)
+        left = room - size
+        if left:
+            if not by_room[left]:
+                bisect.insort(rooms, left)
+            by_room[left].append(target)
+    return bins

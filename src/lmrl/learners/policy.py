@@ -29,7 +29,7 @@ from lmrl.algos.logprobs import selected_logprobs
 from lmrl.algos.losses import LossInputs
 from lmrl.config import TrainerConfig
 from lmrl.dist.data_parallel import Parallel
-from lmrl.learners.packing import budget_units, fill_budget, pack, prompt_units
+from lmrl.learners.packing import budget_units, fill_budget, pack, prompt_units, unit_bins
 from lmrl.models.weights import is_peft
 from lmrl.types import Batch
 
@@ -124,7 +124,7 @@ class Learner:
         with_entropy = with_entropy or "token_entropy" in outputs
         layer_states = "hidden" in outputs and hidden_layer != -1
         units = prompt_units(batch) if self.cfg.share_prompt else [[r] for r in range(batch.num_rows)]
-        packed = pack(batch, units, pad_id=0)
+        packed = pack(batch, units, pad_id=0, bins=unit_bins(batch, units) if self.cfg.pack_rows else None)
         with self._autocast():
             out = model.get_decoder()(
                 input_ids=packed.input_ids.to(self.device), attention_mask=packed.attention_mask.to(self.device),
@@ -351,10 +351,10 @@ class Learner:
                     **{k: v.to(logp.device) for k, v in {**micro.extras, **micro.row_extras}.items()}, **outputs},
         )
         loss, metrics = algorithm.objective(inputs, scale)
-        if entropy is None:
+        if entropy is None and algorithm.policy_gradient:  # sampled tokens: mean -log p estimates the entropy
             with torch.no_grad():
                 metrics["entropy"] = _approx_entropy(logp, mask)
-        else:
+        elif entropy is not None:
             metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
         if algorithm.policy_gradient:
             metrics["mismatch_kl"] = float(((micro.behaviour_logprobs.to(mask.device) - logp.detach()) * mask).sum()
