@@ -89,7 +89,7 @@ class Algorithm:
     @property
     def needs(self) -> set[str]:
         """Model outputs the learner adds to `LossInputs.extras` in the training forward."""
-        return (self.term_inputs | self.loss_spec.requires) & {"values", "hidden", "score"}
+        return (self.term_inputs | self.loss_spec.requires) & {"values", "hidden", "score", "logits"}
 
     @property
     def score_head(self) -> bool:

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 # Computed by the learner in the packed forward: value-head outputs [B,T], hidden states of the
 # generated positions [B,T,H], exact per-token entropies [B,T], and the reward model's scalar [B]
 # (its score head on each row's last token).
-MODEL_OUTPUTS = frozenset({"values", "hidden", "token_entropy", "score"})
+MODEL_OUTPUTS = frozenset({"values", "hidden", "token_entropy", "score", "logits"})
 
 
 def model_outputs_for(names: Iterable[str]) -> set[str]:

@@ -1,4 +1,4 @@
-"""On-policy distillation from a separate teacher model: the `teacher_kl` term and the provider of its input.
+"""Distillation from a separate teacher model: the `teacher_kl` and `gkd` terms and the providers of their inputs.
 
 The student samples its own completions (the rollouts of an RL step); a frozen teacher, any causal LM that
 shares the student's tokenizer, loaded once per run from the term's `model` setting, scores the very same
@@ -6,6 +6,12 @@ token ids, and the term is the per-token reverse KL D(π ‖ π_T) of the sample
 estimator its gradient is (log π − log π_T)·∇log π, the policy gradient of the per-token reward
 log π_T − log π with discount 0 (spec §4.2 (b), the sampled-token form of on-policy distillation). It joins
 the policy-gradient loss under the method's aggregation, so an outcome reward may train beside it.
+
+`gkd` is GKD's generalised Jensen–Shannon divergence JSD_β over the full vocabulary at every trained token
+(spec §4.1, `algos.preference_losses.generalized_jsd`), the teacher's logits against the student's: on the
+policy's rollouts it is on-policy distillation (GKD's λ = 1), on an offline dataset (`batches.source: sft`)
+supervised distillation on its completions (λ = 0); GKD's per-step mix of the two is not built. The batch
+holds the teacher's logits of every position, [B, T, V] floats: memory grows with the vocabulary.
 """
 from __future__ import annotations
 
@@ -13,11 +19,13 @@ from pathlib import Path
 
 import torch
 
+from lmrl.algos.aggregation import AggScale, token_mean
+from lmrl.algos.preference_losses import generalized_jsd
 from lmrl.algos.teacher import DISTILL_ESTIMATORS
 from lmrl.algos.terms import TERMS, masked_mean
 from lmrl.algos.losses import LossInputs
 from lmrl.inputs.registry import PROVIDERS, InputContext
-from lmrl.models import load_model, load_tokenizer, resolve_model_path
+from lmrl.models import load_model, load_tokenizer
 from lmrl.types import Batch
 
 
@@ -38,8 +46,8 @@ class TeacherModel:
         self.checked = True
 
 
-def check_teacher_model(cfg, model: str | None = None, estimator: str = "k1") -> str | None:
-    """Why the teacher_kl term cannot run (no model, or one that does not exist here), or None."""
+def check_teacher_model(cfg, model: str | None = None, estimator: str = "k1", **_) -> str | None:
+    """Why a teacher term cannot run (no model, or one that does not exist here; a k1/k3 estimator), or None."""
     if estimator not in DISTILL_ESTIMATORS:
         return f"estimator must be one of {sorted(DISTILL_ESTIMATORS)} (got {estimator!r})"
     if model is None:
@@ -63,3 +71,21 @@ def teacher_model_logprobs(batch: Batch, ctx: InputContext) -> None:
     teacher: TeacherModel = ctx.algorithm.built["teacher_kl"]
     teacher.check_tokenizer(ctx.tokenizer)
     batch.extras["teacher_model_logp"] = ctx.learner.logprobs(batch, model=teacher.model)
+
+
+@TERMS.register("gkd", "GKD: the generalised JSD(β) to a separate frozen teacher over the full vocabulary, per "
+                "trained token", inputs={"logits", "teacher_logits"}, provided={"teacher_logits"},
+                settings={"model": None}, builds=TeacherModel, check=check_teacher_model, denominator="tokens")
+def gkd(inputs: LossInputs, mask: torch.Tensor, beta: float = 0.5, temperature: float = 0.9):
+    """JSD_β(p_T, p_S) per token (β = 0: forward KL, β = 1: reverse KL), summed over the trained tokens and divided
+    by their number (TRL's `generalized_jsd_loss`, "batchmean" over tokens); GKDConfig's β 0.5 and T 0.9."""
+    value = generalized_jsd(inputs.extras["logits"], inputs.extras["teacher_logits"], beta, temperature)
+    return value, {"gkd/jsd": float(token_mean(value.detach(), mask, AggScale.of(mask)))}
+
+
+@PROVIDERS.register("teacher_logits", "a separate frozen teacher model's full-vocabulary logits at each position "
+                    "of the batch's own tokens (the gkd term)", needs={"learner", "tokenizer", "algorithm"})
+def teacher_model_logits(batch: Batch, ctx: InputContext) -> None:
+    teacher: TeacherModel = ctx.algorithm.built["gkd"]
+    teacher.check_tokenizer(ctx.tokenizer)
+    batch.extras["teacher_logits"] = ctx.learner.model_outputs(batch, {"logits"}, model=teacher.model)["logits"]

@@ -112,7 +112,9 @@ class Learner:
         [b, T-1] from the value head, "hidden" [b, T-1, H] (detached; `hidden_layer` indexes the
         decoder's hidden states), "token_entropy" [b, T-1] (detached), "score" [b] from the score
         head on the final-norm hidden state of each row's last token (its last position with
-        attention 1, as transformers' `*ForSequenceClassification` pools a right-padded row).
+        attention 1, as transformers' `*ForSequenceClassification` pools a right-padded row), "logits"
+        [b, T-1, V] the full vocabulary's logits before the temperature (with their gradient; zero off
+        the generated positions).
         Position t is the one that predicts token t+1, as for the log-probs. Rows are packed
         (`packing.py`): with `share_prompt`, a prompt's samples share one prompt pass; only positions
         that predict a generated token reach the LM head and the value head, and only the rows'
@@ -132,6 +134,7 @@ class Learner:
             where = (packed.src_row.to(self.device), packed.src_pos.to(self.device))
             selected = out.last_hidden_state[where]
             logits = model.get_output_embeddings()(selected)
+        raw_logits = logits
         if self.temperature != 1.0:
             logits = logits / self.temperature
         logp_flat, entropy_flat = selected_logprobs(logits, packed.targets.to(self.device), with_entropy)
@@ -152,6 +155,8 @@ class Learner:
             result["hidden"] = scatter(states.detach().float())
         if "token_entropy" in outputs:
             result["token_entropy"] = result["entropy"].detach()
+        if "logits" in outputs:  # the full vocabulary's, before the temperature (with their gradient)
+            result["logits"] = scatter(raw_logits.float())
         if "score" in outputs:
             if self.score_head is None:
                 raise ValueError("score was asked for but this learner has no score head (score_head=False)")
@@ -160,13 +165,16 @@ class Learner:
         return result
 
     @torch.no_grad()
-    def model_outputs(self, batch: Batch, outputs: set[str], hidden_layer: int = -1) -> dict[str, torch.Tensor]:
+    def model_outputs(self, batch: Batch, outputs: set[str], hidden_layer: int = -1, model=None
+                      ) -> dict[str, torch.Tensor]:
         """No-grad model outputs (see `forward_logprobs`) of every row, micro-batched, on the CPU; a
-        per-row output ("score") is [B], the others [B, T-1, ...]."""
+        per-row output ("score") is [B], the others [B, T-1, ...]. `model`: another model's (a teacher's,
+        moved to the policy's device), for the outputs that need no head of the learner's."""
+        model = self.model if model is None else model.to(self.device)
         full: dict[str, torch.Tensor] = {}
-        with _evaluating(self.model):
+        with _evaluating(model):
             for micro_rows in self.micro_batches(batch):
-                got = self.forward_logprobs(self.model, batch.select(micro_rows), with_entropy=False,
+                got = self.forward_logprobs(model, batch.select(micro_rows), with_entropy=False,
                                             outputs=outputs, hidden_layer=hidden_layer)
                 for name in outputs:
                     value = got[name].cpu()
