@@ -134,3 +134,17 @@ def test_online_dpo_pairs_the_policys_own_rollouts(tmp_path):
     assert sum(r["reward/mean"] for r in steps[-3:]) > sum(r["reward/mean"] for r in steps[:3])
     with pytest.raises(ConfigError, match="group_size must be >= 2"):
         toy_run_config(tmp_path, 1, algo={"preset": "online_dpo"}, rollout={"group_size": 1})
+
+
+def test_dpo_with_lora_takes_the_base_as_its_reference(tmp_path):
+    """A LoRA stage keeps no copy of the model: the reference is the base with its adapters disabled, so the
+    first step's DPO loss is log 2 and only the adapters move."""
+    cfg = toy_run_config(tmp_path, 6, algo={"preset": "dpo"}, trainer={"lr": 1e-2},
+                         model={"lora": {"r": 4, "alpha": 8}},
+                         batches={"dataset": str(preferences(tmp_path / "pairs.jsonl")), "size": 4})
+    rows, stages = run(cfg)
+    assert stages.learner.reference is None  # the peft model with its adapters disabled
+    steps = [r for r in rows if "pref/loss" in r]
+    assert steps[0]["pref/loss"] == pytest.approx(0.693147, abs=1e-5) and steps[-1]["pref/loss"] < 0.6
+    base = [p for n, p in stages.model.named_parameters() if "lora" not in n]
+    assert base and not any(p.requires_grad for p in base)
