@@ -135,6 +135,7 @@ def load(spec: dict):
 
 def child_lmrl(spec: dict, chan: Channel) -> None:
     import torch
+    import yaml
 
     from lmrl.loading import build_config
     from lmrl.loops import build_stages
@@ -143,7 +144,7 @@ def child_lmrl(spec: dict, chan: Channel) -> None:
 
     work = Path(spec["workdir"])
     (work / "task.jsonl").write_text(json.dumps({"question": "w1", "answer": "w1"}) + "\n")
-    cfg = build_config({
+    tree = {
         "recipe": f"bench-{spec['stage']}", "algo": {"preset": spec["stage"]},
         "task": {"name": "jsonl", "dataset": str(work / "task.jsonl"), "system_prompt": None, "num_eval": 0},
         "reward": {"components": [{"name": "answer"}], "accuracy_component": "answer"},
@@ -153,7 +154,12 @@ def child_lmrl(spec: dict, chan: Channel) -> None:
                     "device": spec["device"], "weight_decay": 0.0, "max_grad_norm": 1.0},
         "eval": {"at_start": False, "at_end": False},
         "run": {"output_dir": str(work / "runs"), "name": "lmrl", "progress": False, "checkpoint_every": 0},
-    })
+    }
+    for override in spec["lmrl_overrides"]:
+        key, value = override.split("=", 1)
+        section, name = key.split(".", 1)
+        tree.setdefault(section, {})[name] = yaml.safe_load(value)
+    cfg = build_config(tree)
     model, tokenizer = load(spec)
     s = build_stages(cfg, model=model, tokenizer=tokenizer)
     cuda = s.learner.device.type == "cuda"
@@ -308,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--threads", type=int, default=0, help="torch threads per side (0: torch's default)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--lmrl-override", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="a setting of lmrl's config, e.g. trainer.share_prompt=false (repeatable)")
     p.add_argument("--child", choices=["lmrl", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -334,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                               a.reply_words)
             spec = {"stage": stage, "model": model, "data": str(data), "batch": a.batch, "max_length": a.max_length,
                     "warmup": a.warmup, "steps": a.steps, "lr": a.lr, "threads": a.threads, "device": device,
-                    "workdir": str(work / stage)}
+                    "lmrl_overrides": a.lmrl_override, "workdir": str(work / stage)}
             Path(spec["workdir"]).mkdir()
             results[stage] = summary(stage, run_stage(spec))
     memory = "peak CUDA memory allocated" if device == "cuda" else "peak RSS"
