@@ -210,7 +210,7 @@ def _check_pipeline(pipe: PipelineConfig, resume: Path | None, overrides: list[s
     from lmrl.loops.pipeline import check_resume_overrides, new_pipeline_dir, stage_config
     from lmrl.loops.setup import preflight
 
-    root = resume if resume is not None else new_pipeline_dir(pipe)
+    root = resume if resume is not None else new_pipeline_dir(pipe, dry_run=True)
     if resume is not None:
         check_resume_overrides(overrides, resume)
     done = {s["label"] for s in (read_pipeline(root) or {"stages": []})["stages"] if s["status"] == "done"}

@@ -18,6 +18,7 @@ from lmrl.algos.state import state_knobs
 from lmrl.algos.terms import KEYED_TERMS, TERMS, active_terms, listed_term
 from lmrl.config import Config, ConfigError
 from lmrl.data import BATCH_SOURCES, GROUP_FILTERS, SAMPLERS
+from lmrl.data.sources import check_batches
 from lmrl.data.samplers import RUN_ARGUMENTS
 from lmrl.data.demonstrations import SAMPLE_SOURCES, source_params, template_fields
 from lmrl.engines import ENGINES
@@ -166,40 +167,6 @@ def _declared_checks(cfg: Config) -> None:
         problem = check(cfg, **s.params) if check is not None else None
         if problem:
             raise ConfigError(f"algo.shaping[{i}] ({s.name}): {problem}")
-
-
-def _batches(cfg: Config) -> None:
-    """An offline batch source (`BatchSourceSpec.online` false) brings rows, not rollouts: the objective is its
-    listed terms, and nothing that makes or consumes rollouts applies; a pairwise term needs pairs."""
-    b, spec = cfg.batches, BATCH_SOURCES.spec(cfg.batches.source)
-    pairwise = [t.name for t in cfg.algo.terms if t.coef != 0 and TERMS.spec(t.name).pairwise]
-    if pairwise and not spec.pairs:
-        raise ConfigError(f"the {pairwise[0]!r} term compares the rows of a preference pair, which "
-                          f"batches.source={b.source} does not make: use batches.source=pairs")
-    if not spec.policy_gradient and not active_terms(cfg.algo, policy_gradient=False):
-        raise ConfigError(f"batches.source={b.source} is trained by the terms of algo.terms alone (e.g. "
-                          "[{name: nll}] or [{name: dpo}]), and it lists none")
-    if spec.online:
-        if spec.pairs and (cfg.rollout.max_staleness is not None or cfg.rollout.group_size < 2):
-            raise ConfigError(f"batches.source={b.source} pairs the samples of each prompt as they are collected: "
-                              "rollout.group_size must be >= 2 and rollout.max_staleness unset")
-        return
-    source = f"batches.source={b.source} trains on the rows of an offline dataset"
-    if spec.task_rows and cfg.task.demonstration is None:
-        raise ConfigError(f"batches.source={b.source} reads the task's rows with their reference completion: set "
-                          "task.demonstration, a template over the row's fields (e.g. 'Answer: {answer}')")
-    if b.dataset is None and not spec.task_rows:
-        raise ConfigError(f"{source}: set batches.dataset (a .jsonl/.json/.csv/.parquet file, a save_to_disk "
-                          "directory or a hub id)")
-    if b.format != "auto" and b.format not in spec.formats:
-        raise ConfigError(f"batches.format={b.format}: batches.source={b.source} reads {sorted(spec.formats)} "
-                          "(or auto)")
-    rollout_only = [(cfg.rollout.max_staleness is not None, "rollout.max_staleness"),
-                    (cfg.rollout.stream_chunks > 1, "rollout.stream_chunks"), (cfg.algo.critic, "algo.critic"),
-                    (cfg.data.demonstrations != "none", "data.demonstrations"), (cfg.dist.backend != "none", "dist.backend")]
-    for bad, key in rollout_only:
-        if bad:
-            raise ConfigError(f"{source}; {key} applies to rollouts: leave it unset")
 
 
 def _peers(cfg: Config) -> None:
@@ -473,7 +440,7 @@ CONFIG_STAGES = ("names", "combinations")  # need no data: build_config runs the
 PIPELINE: list[tuple[str, Callable[..., None]]] = [
     ("names", _registered), ("names", _params), ("names", _reward_names), ("names", _trackers),
     ("combinations", _env_reward), ("combinations", _rollout_workers), ("combinations", _preset_clip_bounds), ("combinations", _preset_aggregation), ("combinations", _sequence_ratio),
-    ("combinations", _kl_in_reward), ("combinations", _batches), ("combinations", _groups), ("combinations", _declared_checks),
+    ("combinations", _kl_in_reward), ("combinations", check_batches), ("combinations", _groups), ("combinations", _declared_checks),
     ("combinations", _peers), ("combinations", _demonstrations), ("combinations", _sample_source),
     ("combinations", _critic), ("combinations", _inputs), ("combinations", _rejected_tokens), ("combinations", _sampler_probe),
     ("combinations", _streaming),

@@ -38,7 +38,8 @@ def token_sources(monkeypatch):
     for table in ("_items", "_specs", "_docs"):
         monkeypatch.setattr(BATCH_SOURCES, table, dict(getattr(BATCH_SOURCES, table)))
     BATCH_SOURCES.register("token_pairs", "token-id preference pairs", pairs=True)(pairs_of)
-    BATCH_SOURCES.register("token_unpaired", "token-id rows labelled desirable or not")(unpaired_of)
+    BATCH_SOURCES.register("token_unpaired", "token-id rows labelled desirable or not",
+                           labels={"desirable"})(unpaired_of)
 
 
 def pair_source(tmp_path, rows=8):

@@ -69,8 +69,32 @@ def test_a_dataset_in_another_format_fails_before_the_model_loads(tmp_path):
                          batches={"dataset": str(chats(tmp_path / "chats.jsonl"))})
     with pytest.raises(ConfigError, match="messages format; batches.source=pairs reads preference"):
         build_stages(cfg, model=object(), tokenizer=make_tokenizer())
-    with pytest.raises(ConfigError, match="compares the rows of a preference pair"):
+    with pytest.raises(ConfigError, match=r"reads the row labels \['chosen', 'pair'\].*use batches.source="
+                                          "online_pairs or pairs or rollout_pairs"):
         toy_run_config(tmp_path, 1, algo={"terms": [{"name": "dpo"}]})
+
+
+def test_sources_refuse_settings_their_batches_would_ignore(tmp_path):
+    """Each refusal names the setting: read from the source's and the term's declarations."""
+    pairs = {"dataset": str(preferences(tmp_path / "pairs.jsonl"))}
+    chat = {"source": "sft", "dataset": str(chats(tmp_path / "chats.jsonl"))}
+    cases = [
+        ({"algo": {"terms": [{"name": "kto"}]}, "batches": pairs | {"source": "pairs"}}, r"\['desirable'\]"),
+        ({"algo": {"terms": [{"name": "dpo"}, {"name": "nll"}]}, "batches": pairs | {"source": "pairs"}},
+         "imitate both replies"),
+        ({"algo": {"terms": [{"name": "teacher_kl", "params": {"model": str(tmp_path)}}]}, "batches": chat},
+         "policy's own samples only"),
+        ({"algo": {"preset": "sft", "kl_coef": 0.1, "kl_in_reward": True}, "batches": chat}, "algo.kl_in_reward"),
+        ({"algo": {"preset": "sft", "advantage": "rloo"}, "batches": chat}, "algo.advantage"),
+        ({"algo": {"preset": "sft"}, "batches": chat, "data": {"group_filter": "nonzero_std"}}, "data.group_filter"),
+        ({"algo": {"preset": "online_dpo", "group_by": "answer"}}, "algo.group_by"),
+        ({"algo": {"preset": "online_dpo", "critic": True, "advantage": "gae"}}, "algo"),
+        ({"algo": {"terms": [{"name": "kto"}]}, "batches": {"source": "unpaired", "dataset": "x.jsonl", "size": 1}},
+         "batches.size >= 2"),
+    ]
+    for sections, match in cases:
+        with pytest.raises(ConfigError, match=match):
+            toy_run_config(tmp_path, 1, **sections)
 
 
 def test_a_preset_stage_dry_runs_from_the_command_line(tmp_path):

@@ -84,6 +84,8 @@ class TermSpec:
     # compares the rows of one group (a preference pair: `row_extras["pair"]`, `row_extras["chosen"]`): the
     # learner keeps a group's rows in one mini- and micro-batch
     pairwise: bool = False
+    on_policy: bool = False  # its gradient is that of its objective only on the policy's own samples (rollouts)
+    imitates: bool = False  # raises the likelihood of every row it trains (a pair's rejected reply would be one)
 
     def __post_init__(self):
         object.__setattr__(self, "inputs", frozenset(self.inputs))

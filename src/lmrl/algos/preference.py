@@ -135,8 +135,14 @@ def orpo(inputs: LossInputs, mask: torch.Tensor, lam: float = 0.1):
     return pairs.on_rows(loss).to(inputs.logp.dtype), metrics
 
 
+def check_kto(cfg, **_) -> str | None:
+    """KTO's reference point pairs each prompt with another row's completion: a batch needs two rows."""
+    return "needs batches.size >= 2: its reference point pairs each prompt with another row's completion" \
+        if cfg.batches.size < 2 else None
+
+
 @TERMS.register("kto", "KTO: unpaired desirable/undesirable completions against the batch's KL reference point",
-                inputs={"logp", "ref_logp", "desirable", "kto_z0"}, denominator="sequences")
+                inputs={"logp", "ref_logp", "desirable", "kto_z0"}, denominator="sequences", check=check_kto)
 def kto(inputs: LossInputs, mask: torch.Tensor, beta: float = 0.1, desirable_weight: float = 1.0,
         undesirable_weight: float = 1.0):
     """`kto_loss` per row; `extras["kto_z0"]` is z₀ of the whole batch (`kto_reference_point`), a 0-d tensor."""

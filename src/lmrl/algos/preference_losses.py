@@ -102,7 +102,8 @@ def orpo_loss(avg_w: torch.Tensor, avg_l: torch.Tensor, nll_w: torch.Tensor,
 def kto_reference_point(kl_log_ratios: torch.Tensor) -> torch.Tensor:
     """KTO's z₀ = max(mean of logπ(y′) − logπ_ref(y′) over mismatched completions y′, 0), detached (spec §2.5).
 
-    With several ranks the mean is taken over all of them (gather, then mean), as TRL does.
+    The log-ratios are those of the whole batch (every rank of a data-parallel run provides the same batch),
+    so the mean is the batch's, as TRL's gather-then-mean gives.
     """
     return kl_log_ratios.detach().mean().clamp(min=0)
 

@@ -86,7 +86,7 @@ def demo_nll(inputs: LossInputs, mask: torch.Tensor):
 
 
 @TERMS.register("nll", "supervised next-token NLL of the loss mask's tokens, a token mean over the batch (SFT)",
-                inputs={"logp"}, denominator="tokens")
+                inputs={"logp"}, denominator="tokens", imitates=True)
 def nll(inputs: LossInputs, mask: torch.Tensor):
     """−log p of every trained token, divided by the mini-batch's trained tokens: TRL's SFT loss, whose
     gradient accumulation divides by the tokens of all accumulated micro-batches (spec §1.1)."""

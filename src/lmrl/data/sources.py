@@ -17,11 +17,16 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from lmrl.config import BatchesConfig, Config
+from lmrl.algos.terms import TERMS, active_terms
+from lmrl.config import AlgoConfig, BatchesConfig, Config, ConfigError
 from lmrl.registry import Registry
 from lmrl.data.demonstrations import demonstration_sample
 from lmrl.data.replay import ReplayParams, replayed_samples
 from lmrl.types import Group, Origin, Sample
+
+
+ROW_LABELS = frozenset({"chosen", "pair", "desirable"})  # a row's preference labels, as terms read them
+PAIR_LABELS = frozenset({"chosen", "pair"})
 
 
 @dataclass(frozen=True)
@@ -30,9 +35,11 @@ class BatchSourceSpec:
     pairs: bool = False  # each group is a preference pair (chosen, rejected): what pairwise terms compare
     formats: frozenset[str] = frozenset()  # the dataset formats it reads (`batches.format`)
     task_rows: bool = False  # reads the task's rows (not batches.dataset)
+    labels: frozenset[str] = frozenset()  # the `ROW_LABELS` its rows carry (a pair source's: chosen, pair)
 
     def __post_init__(self):
         object.__setattr__(self, "formats", frozenset(self.formats))
+        object.__setattr__(self, "labels", frozenset(self.labels) | (PAIR_LABELS if self.pairs else frozenset()))
 
     @property
     def policy_gradient(self) -> bool:
@@ -117,7 +124,7 @@ def pairs(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> Of
 
 
 @BATCH_SOURCES.register("unpaired", "rows labelled desirable or not (prompt, completion, label: KTO's format)",
-                        formats={"unpaired"})
+                        formats={"unpaired"}, labels={"desirable"})
 def unpaired(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> OfflineData:
     return encoded_groups(cfg.batches, tokenizer, BATCH_SOURCES.spec("unpaired").formats)
 
@@ -195,3 +202,52 @@ def rollout_pairs(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict
         raise ValueError(f"batches.dataset {b.dataset}: {len(groups)} pairs, not more than batches.num_eval="
                          f"{b.num_eval}")
     return OfflineData(groups[b.num_eval:], groups[: b.num_eval], dict(dropped), f"rollout_pairs {b.dataset}")
+
+
+def check_batches(cfg: Config) -> None:
+    """What the batch source's declaration (`BatchSourceSpec`) allows: the row labels a term reads (`chosen`,
+    `pair`, `desirable`) come from a source that makes them, a term declared `on_policy` trains the policy's own
+    samples, and a source without the policy-gradient term takes no setting of it (they would be ignored)."""
+    b, spec, a = cfg.batches, BATCH_SOURCES.spec(cfg.batches.source), cfg.algo
+    source = f"batches.source={b.source}"
+    for t in (t for t in a.terms if t.coef != 0):
+        term = TERMS.spec(t.name)
+        missing = sorted(term.inputs & ROW_LABELS - spec.labels)
+        makers = [n for n, s in BATCH_SOURCES.specs().items() if term.inputs & ROW_LABELS <= s.labels]
+        if missing:
+            raise ConfigError(f"the {t.name!r} term reads the row labels {missing}, which {source} does not make: "
+                              f"use batches.source={' or '.join(makers) or '(a source that does)'}")
+        if term.on_policy and not spec.online:
+            raise ConfigError(f"the {t.name!r} term's gradient holds on the policy's own samples only; {source} "
+                              "trains a dataset's tokens")
+        if term.imitates and spec.pairs:
+            raise ConfigError(f"the {t.name!r} term would imitate both replies of each pair of {source}, the "
+                              "rejected one too ('orpo' adds the chosen reply's NLL)")
+    if spec.policy_gradient:
+        return
+    if not active_terms(a, policy_gradient=False):
+        raise ConfigError(f"{source} is trained by the terms of algo.terms alone (e.g. [{{name: nll}}] or "
+                          "[{name: dpo}]), and it lists none")
+    unused = [(a.kl_in_reward, "algo.kl_in_reward"), (bool(a.shaping), "algo.shaping"), (a.critic, "algo.critic"),
+              *((getattr(a, k) != AlgoConfig.model_fields[k].default, f"algo.{k}") for k in ("advantage", "loss")),
+              (cfg.data.demonstrations != "none", "data.demonstrations"), (a.group_by is not None, "algo.group_by"),
+              (cfg.rollout.max_staleness is not None, "rollout.max_staleness"),
+              (cfg.rollout.stream_chunks > 1, "rollout.stream_chunks")]
+    if not spec.online:
+        unused += [(cfg.data.group_filter != "none", "data.group_filter"), (cfg.dist.backend != "none", "dist.backend")]
+    for bad, key in unused:
+        if bad:
+            raise ConfigError(f"{source} is trained by its listed terms, without the policy-gradient loss; {key} "
+                              "applies to that loss or its rollouts: leave it unset")
+    if spec.online and cfg.rollout.group_size < 2:
+        raise ConfigError(f"{source} pairs the samples of each prompt: rollout.group_size must be >= 2")
+    if spec.online:
+        return
+    if spec.task_rows and cfg.task.demonstration is None:
+        raise ConfigError(f"{source} reads the task's rows with their reference completion: set "
+                          "task.demonstration, a template over the row's fields (e.g. 'Answer: {answer}')")
+    if b.dataset is None and not spec.task_rows:
+        raise ConfigError(f"{source} trains on the rows of an offline dataset: set batches.dataset (a "
+                          ".jsonl/.json/.csv/.parquet file, a save_to_disk directory or a hub id)")
+    if b.format != "auto" and b.format not in spec.formats:
+        raise ConfigError(f"batches.format={b.format}: {source} reads {sorted(spec.formats)} (or auto)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from lmrl.algos.gather import MODEL_OUTPUTS
+from lmrl.algos.preference_losses import kto_reference_point
 from lmrl.inputs.registry import PROVIDERS, InputContext
 from lmrl.stats import masked_mean
 from lmrl.types import Batch, Origin, Sample, collate
@@ -69,10 +70,10 @@ def old_logprobs(batch: Batch, ctx: InputContext) -> None:
 @PROVIDERS.register("kto_z0", "KTO's reference point: the batch mean of log π(y'|x) − log π_ref(y'|x) over mismatched "
                     "(prompt, completion) rows, each prompt with the next row's completion, clamped at 0, without "
                     "gradient (spec §2.5)", needs={"learner", "samples"})
-def kto_reference_point(batch: Batch, ctx: InputContext) -> None:
+def kto_mismatched_reference_point(batch: Batch, ctx: InputContext) -> None:
     samples = ctx.samples
     shifted = [Sample(x.prompt_ids, y.completion_ids, [0.0] * len(y.completion_ids), reward=0.0, loss_mask=y.loss_mask)
                for x, y in zip(samples, samples[1:] + samples[:1])]
     mismatched = collate(shifted, list(range(len(shifted))), pad_id=0)
     ratio = (ctx.learner.logprobs(mismatched) - ctx.learner.logprobs(mismatched, reference=True))
-    batch.context["kto_z0"] = max(float((ratio * mismatched.completion_mask).sum(1).mean()), 0.0)
+    batch.context["kto_z0"] = float(kto_reference_point((ratio * mismatched.completion_mask).sum(1)))

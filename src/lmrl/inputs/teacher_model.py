@@ -59,7 +59,7 @@ def check_teacher_model(cfg, model: str | None = None, estimator: str = "k1", **
 
 @TERMS.register("teacher_kl", "reverse KL to a separate frozen teacher model on the policy's own tokens "
                 "(on-policy distillation)", inputs={"logp", "teacher_model_logp"}, provided={"teacher_model_logp"},
-                settings={"model": None}, builds=TeacherModel, check=check_teacher_model)
+                settings={"model": None}, builds=TeacherModel, check=check_teacher_model, on_policy=True)
 def teacher_kl(inputs: LossInputs, mask: torch.Tensor, estimator: str = "k1"):
     value = DISTILL_ESTIMATORS[estimator](inputs.logp, inputs.extras["teacher_model_logp"])
     return value, {"teacher_kl": masked_mean(value, mask)}

@@ -259,7 +259,7 @@ class Learner:
         steps_per_batch = self.cfg.epochs * self.cfg.mini_batches
         if algorithm.needs_old_logp:  # the loss mask depends on them, on every row of the denominators
             batch.extras["old_logp"] = self.logprobs(batch, rows=own)
-        elif steps_per_batch > 1:
+        elif steps_per_batch > 1 and algorithm.policy_gradient:  # the ratio's denominator
             batch.extras["old_logp"] = self.logprobs(batch, rows=live)
         totals: dict[str, float] = {}
         weights: dict[str, float] = {}

@@ -135,10 +135,13 @@ def held_out_loss(s: Stages, step: int) -> dict[str, float]:
     """The objective and its terms' metrics on an offline source's held-out groups, without an update:
     `eval/loss` and `eval/<metric>`, in batches of `batches.size` groups, weighted by their tokens."""
     groups, size = s.offline.eval, s.cfg.batches.size
+    starts = list(range(0, len(groups), size))
+    if len(starts) > 1 and len(groups) - starts[-1] == 1:  # no batch of one row (KTO pairs rows with others)
+        starts.pop()
     totals: dict[str, float] = {}
     weight = 0.0
-    for start in range(0, len(groups), size):
-        inputs = batch_inputs(s, groups[start: start + size], step)
+    for start, end in zip(starts, starts[1:] + [len(groups)]):
+        inputs = batch_inputs(s, groups[start: end], step)
         batch = to_batch(inputs, s.engine.pad_token_id)
         provide(batch, inputs, with_learner=True)
         s.algorithm.prepare(batch)

@@ -3,8 +3,11 @@ preference pairs), encoded once before the model loads (`data.sources`).
 
 The order is a function of the step alone: epoch e visits the training groups in a permutation seeded
 by (`trainer.seed`, e), and step k takes the k-th run of `batches.size` groups of those epochs laid end
-to end. A resumed run therefore needs no source state to go on exactly where it stopped. The held-out
-groups give the eval loss at every evaluation (`loops.collect.held_out_loss`).
+to end. A resumed run therefore needs no source state to go on exactly where it stopped. When the objective
+has a reference, every row's reference log-probs are computed once, before the first step, in the dataset's
+order and batches of `batches.size` (TRL's `precompute_ref_log_probs`): a row's values depend on no step's
+batch, so a resumed run trains with the very same. The held-out groups give the eval loss at every
+evaluation (`loops.collect.held_out_loss`).
 """
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ from typing import Any
 import torch
 
 from lmrl.data import OfflineData
+from lmrl.inputs.model import reference_logprobs
+from lmrl.loops.batching import to_batch
+from lmrl.loops.collect import batch_inputs
 from lmrl.loops.source import Rollout
 from lmrl.types import Group
 
@@ -38,6 +44,15 @@ def step_groups(data: OfflineData, size: int, seed: int, step: int) -> tuple[lis
     return picked, (start + size) / count
 
 
+def reference_pass(s, groups: list[Group]) -> None:
+    """The frozen reference's log-probs of `groups`' rows, in batches of `batches.size` in their order, kept with
+    each row (`inputs.model.reference_logprobs` caches an offline row's values)."""
+    size = s.cfg.batches.size
+    for start in range(0, len(groups), size):
+        inputs = batch_inputs(s, groups[start: start + size], 0)
+        reference_logprobs(to_batch(inputs, s.engine.pad_token_id), inputs)
+
+
 class OfflineSource:
     """Hands the loop an offline dataset's groups; the run's engine (which shares the learner's weights) is
     only used to evaluate."""
@@ -48,6 +63,9 @@ class OfflineSource:
         self.s = s
         self.eval_engine = s.engine
         self.data: OfflineData = s.offline
+        if s.algorithm.needs_reference:
+            reference_pass(s, s.offline.train)
+            reference_pass(s, s.offline.eval)
 
     def start(self) -> None:
         pass

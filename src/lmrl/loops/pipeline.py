@@ -25,6 +25,7 @@ from lmrl.loops.run_dir import new_run_path, remove_run, run_entries
 from lmrl.models.checkpoint_dirs import latest_checkpoint
 from lmrl.recipe_files import parse_override, set_dotted
 
+EXPORTED_FROM = "lmrl_checkpoint.txt"  # the checkpoint a stage's model/ was exported from
 FINAL_MODEL = "model"  # in a finished stage's directory: its final weights as a transformers directory
 
 
@@ -75,11 +76,12 @@ def _write_record(root: Path, record: dict[str, Any]) -> None:
     os.replace(tmp, root / PIPELINE_FILE)
 
 
-def new_pipeline_dir(pipe: PipelineConfig) -> Path:
+def new_pipeline_dir(pipe: PipelineConfig, dry_run: bool = False) -> Path:
     """Where a new pipeline run writes (`run.output_dir`/`run.name`, or the recipe and a timestamp); a
-    directory holding a run is refused unless `run.overwrite` is set, which deletes that run first."""
+    directory holding a run is refused unless `run.overwrite` is set, which deletes that run first (not in a
+    dry run, which changes nothing)."""
     path = new_run_path(pipe.run, pipe.recipe)
-    if pipe.run.overwrite and run_entries(path):
+    if pipe.run.overwrite and run_entries(path) and not dry_run:
         remove_run(path)
     return path
 
@@ -108,17 +110,25 @@ def _final_metrics(run_dir: Path, steps: int) -> dict[str, Any]:
 
 
 def export_final(cfg: Config, run_dir: Path) -> Path:
-    """The stage's final checkpoint as `run_dir/model/`, a transformers directory (written aside, then renamed)."""
+    """The stage's final checkpoint as `run_dir/model/`, a transformers directory (written aside, then renamed), as
+    `lmrl export` writes it: a reward-model stage's score head makes it a sequence classifier. The checkpoint it
+    came from is recorded beside it (`EXPORTED_FROM`), so a stage that trained on after an export (a resume that
+    extended it) is exported again."""
+    from lmrl.learners.checkpoint import saved_module
     from lmrl.models.lora import export_merged
 
     out, tmp = run_dir / FINAL_MODEL, run_dir / f".{FINAL_MODEL}.tmp"
-    if out.is_dir():
-        return out
     found = latest_checkpoint(run_dir / "checkpoints")
     if found is None:
         raise RuntimeError(f"{run_dir} finished without a checkpoint to start the next stage from")
+    if out.is_dir() and (out / EXPORTED_FROM).is_file() and (out / EXPORTED_FROM).read_text() == found.name:
+        return out
     shutil.rmtree(tmp, ignore_errors=True)
-    export_merged(found / "model", cfg.model.path, cfg.model.lora, tmp)
+    head = saved_module(found, "score_head")
+    export_merged(found / "model", cfg.model.path, cfg.model.lora, tmp,
+                  score_weight=head["weight"] if head else None)
+    (tmp / EXPORTED_FROM).write_text(found.name)
+    shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
 

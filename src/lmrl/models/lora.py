@@ -77,8 +77,8 @@ def export_merged(checkpoint_model: Path, base_path: str, lora: LoraConfig | Non
     A full fine-tuning checkpoint already is one and is copied. A LoRA checkpoint's adapters are
     loaded onto the base model (`base_path`, the run's `model.path`) and folded into its weights.
     With `score_weight` (a reward model's score head, [1, H]) the directory is a sequence-classification
-    model instead, its config's `pad_token_id` the tokenizer's pad (else end-of-sequence) token, which
-    the saved tokenizer then also pads with.
+    model instead, its config's `pad_token_id` the token `pad_token_id_of` picks (never the one that ends
+    the rows it scores), which the saved tokenizer then also pads with, so any caller's padding pools right.
     """
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -93,8 +93,8 @@ def export_merged(checkpoint_model: Path, base_path: str, lora: LoraConfig | Non
     tokenizer = AutoTokenizer.from_pretrained(checkpoint_model)
     if score_weight is not None:
         pad = pad_token_id_of(tokenizer)
-        if tokenizer.pad_token is None and pad is not None:
-            tokenizer.pad_token = tokenizer.eos_token
+        if pad is not None:
+            tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad)
         model = as_sequence_classifier(model, score_weight, pad)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
