@@ -143,7 +143,8 @@ class BatchesConfig(Section):
     scored by the reward (RL), or the rows of an offline dataset trained by the terms of `algo.terms` (SFT,
     preference optimisation, reward-model training)."""
 
-    source: str = "rollouts"  # rollouts | sft | pairs | unpaired, or your own file.py:name
+    # rollouts | online_pairs | sft | demonstrations | pairs | rollout_pairs | unpaired, or your own file.py:name
+    source: str = "rollouts"
     dataset: str | None = None  # an offline source's data: a .jsonl/.json/.csv/.parquet file, a save_to_disk directory, a hub id
     format: str = "auto"  # auto | messages | prompt_completion | text | preference | unpaired (docs/stages/sft.md)
     params: dict[str, Any] = Field(default_factory=dict)  # the source's knobs: split, eval_dataset, assistant_only, …

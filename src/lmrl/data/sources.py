@@ -9,7 +9,7 @@ pairs, one group of [chosen, rejected] each, for DPO-family and reward-model ter
 best- and worst-rewarded sample of each prompt, token ids as sampled) and `demonstrations` (the task's own rows with their reference
 completion, `task.demonstration`: an SFT cold start on the task RL trains next). An entry is a function
 `(config, tokenizer, task rows, held-out task rows) -> OfflineData`; its `BatchSourceSpec` says what the
-loop and the validation derive from it.
+loop and the validation derive from it (`check_batches`, run with the other config checks).
 """
 from __future__ import annotations
 

@@ -158,3 +158,27 @@ def pack_documents(lengths: list[int], max_tokens: int) -> list[list[int]]:
                 bisect.insort(rooms, left)
             by_room[left].append(target)
     return bins
+
+
+def row_groups(batch: Batch) -> list[list[int]]:
+    """The batch's rows by group (`group_index`), in order of first appearance."""
+    groups: dict[int, list[int]] = {}
+    for row, g in enumerate(batch.group_index.tolist()):
+        groups.setdefault(g, []).append(row)
+    return list(groups.values())
+
+
+def group_budget(batch: Batch, budget: int) -> list[list[int]]:
+    """Micro-batches of whole groups, shortest first, each within `budget` padded tokens (rows × longest row);
+    a group over the budget gets one of its own."""
+    lengths = batch.attention_mask.sum(1).tolist()
+    groups = sorted(row_groups(batch), key=lambda g: max(lengths[r] for r in g))
+    batches: list[list[int]] = []
+    for group in groups:
+        longest = max(lengths[r] for r in group)
+        if batches and (len(batches[-1]) + len(group)) * longest > budget:
+            batches.append([])
+        if not batches:
+            batches.append([])
+        batches[-1].extend(group)
+    return batches

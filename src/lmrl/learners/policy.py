@@ -29,7 +29,7 @@ from lmrl.algos.logprobs import selected_logprobs
 from lmrl.algos.losses import LossInputs
 from lmrl.config import TrainerConfig
 from lmrl.dist.data_parallel import Parallel
-from lmrl.learners.packing import budget_units, fill_budget, pack, prompt_units, unit_bins
+from lmrl.learners.packing import budget_units, fill_budget, group_budget, pack, prompt_units, row_groups, unit_bins
 from lmrl.models.weights import is_peft
 from lmrl.types import Batch
 
@@ -473,30 +473,6 @@ def _evaluating(model):
 def _approx_entropy(logp: torch.Tensor, mask: torch.Tensor) -> float:
     """Monte-Carlo entropy estimate from the sampled tokens: mean of -log p (no extra softmax pass)."""
     return float((-logp.detach() * mask).sum() / mask.sum().clamp(min=1))
-
-
-def row_groups(batch: Batch) -> list[list[int]]:
-    """The batch's rows by group (`group_index`), in order of first appearance."""
-    groups: dict[int, list[int]] = {}
-    for row, g in enumerate(batch.group_index.tolist()):
-        groups.setdefault(g, []).append(row)
-    return list(groups.values())
-
-
-def group_budget(batch: Batch, budget: int) -> list[list[int]]:
-    """Micro-batches of whole groups, shortest first, each within `budget` padded tokens (rows × longest row);
-    a group over the budget gets one of its own."""
-    lengths = batch.attention_mask.sum(1).tolist()
-    groups = sorted(row_groups(batch), key=lambda g: max(lengths[r] for r in g))
-    batches: list[list[int]] = []
-    for group in groups:
-        longest = max(lengths[r] for r in group)
-        if batches and (len(batches[-1]) + len(group)) * longest > budget:
-            batches.append([])
-        if not batches:
-            batches.append([])
-        batches[-1].extend(group)
-    return batches
 
 
 def _split(items: list, parts: int) -> list[list]:

@@ -12,7 +12,7 @@ evaluation (`loops.collect.held_out_loss`).
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -63,6 +63,7 @@ class OfflineSource:
         self.s = s
         self.eval_engine = s.engine
         self.data: OfflineData = s.offline
+        self.published: int | None = None  # the step whose weights the engine has yet to receive
         if s.algorithm.needs_reference:
             reference_pass(s, s.offline.train)
             reference_pass(s, s.offline.eval)
@@ -79,13 +80,20 @@ class OfflineSource:
         return Rollout(step, step - 1, [], groups, metrics, time.perf_counter() - t0, 0)
 
     def after_update(self, step: int, model, updated: bool) -> dict[str, float]:
-        return self.s.engine.update_weights(None, step) if updated else {}
+        """The engine only generates to evaluate: the new weights reach it then (`paused`), not every step."""
+        if updated:
+            self.published = step
+        return {}
 
     def step_metrics(self, step: int, rollout: Rollout, waited: float) -> dict[str, float]:
         return {}
 
+    @contextmanager
     def paused(self):
-        return nullcontext()
+        if self.published is not None:
+            self.s.engine.update_weights(None, self.published)
+            self.published = None
+        yield
 
     def checkpoint_state(self, step: int, read_parts) -> dict[str, Any]:
         return {}
