@@ -16,9 +16,9 @@ REF_LOGP = "ref_logp"  # Sample.info key of an offline row's reference log-probs
 @PROVIDERS.register("rollout_logp", "behaviour log-probs: the engine's or the peer's; rows whose origin brings none "
                     "(demonstrations) get the current policy's, so their importance ratio starts at 1 (a batch "
                     "without a policy-gradient term, which no ratio reads, gets none)",
-                    needs={"learner", "samples", "algorithm"}, always=True)
+                    needs={"learner", "samples"}, always=True)
 def behaviour_logprobs(batch: Batch, ctx: InputContext) -> None:
-    if not ctx.algorithm.policy_gradient:
+    if ctx.algorithm is not None and not ctx.algorithm.policy_gradient:
         return
     rows = [i for i, x in enumerate(ctx.samples) if not x.origin.brings_logprobs]
     if rows:
