@@ -13,7 +13,15 @@ import math
 import torch
 import torch.nn.functional as F
 
-DPO_LOSS_TYPES = ("sigmoid", "cdpo", "robust", "ipo", "hinge")
+# DPO's loss types, each of the margin z (β·z inside), β and the label-flip rate ε (cdpo and robust only)
+DPO_LOSS_TYPES = {
+    "sigmoid": lambda z, beta, eps: -F.logsigmoid(beta * z),
+    "cdpo": lambda z, beta, eps: -(1 - eps) * F.logsigmoid(beta * z) - eps * F.logsigmoid(-beta * z),
+    "robust": lambda z, beta, eps: (-(1 - eps) * F.logsigmoid(beta * z) + eps * F.logsigmoid(-beta * z)) / (1 - 2 * eps),
+    "ipo": lambda z, beta, eps: (z - 1 / (2 * beta)) ** 2,
+    "hinge": lambda z, beta, eps: torch.relu(1 - beta * z),
+}
+LENGTH_NORMALISED = frozenset({"ipo"})  # its margin is of per-token log-ratios when `ipo_length_norm`
 SMOOTHED_LOSS_TYPES = frozenset({"cdpo", "robust"})  # the only DPO losses that read label_smoothing
 
 
@@ -49,22 +57,12 @@ def dpo_loss(h_w: torch.Tensor, h_l: torch.Tensor, beta: float = 0.1, loss_type:
     problem = dpo_problem(beta, loss_type, label_smoothing)
     if problem:
         raise ValueError(problem)
-    z, eps = h_w - h_l, label_smoothing
-    if loss_type == "sigmoid":
-        loss = -F.logsigmoid(beta * z)
-    elif loss_type == "cdpo":
-        loss = -(1 - eps) * F.logsigmoid(beta * z) - eps * F.logsigmoid(-beta * z)
-    elif loss_type == "robust":
-        loss = (-(1 - eps) * F.logsigmoid(beta * z) + eps * F.logsigmoid(-beta * z)) / (1 - 2 * eps)
-    elif loss_type == "ipo":
-        if ipo_length_norm:
-            if len_w is None or len_l is None:
-                raise ValueError("length-normalised IPO needs the completion lengths len_w and len_l")
-            z = h_w / len_w.clamp(min=1) - h_l / len_l.clamp(min=1)
-        loss = (z - 1 / (2 * beta)) ** 2
-    else:
-        loss = torch.relu(1 - beta * z)
-    return loss, beta * h_w.detach(), beta * h_l.detach()
+    z = h_w - h_l
+    if loss_type in LENGTH_NORMALISED and ipo_length_norm:
+        if len_w is None or len_l is None:
+            raise ValueError("length-normalised IPO needs the completion lengths len_w and len_l")
+        z = h_w / len_w.clamp(min=1) - h_l / len_l.clamp(min=1)
+    return DPO_LOSS_TYPES[loss_type](z, beta, label_smoothing), beta * h_w.detach(), beta * h_l.detach()
 
 
 def simpo_loss(avg_w: torch.Tensor, avg_l: torch.Tensor, beta: float = 0.1, gamma: float = 0.5,
