@@ -18,15 +18,16 @@ CHAT_TEMPLATE = (
 )
 
 
-def make_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS + ["<unk>"])}
+def make_tokenizer(chars: list[str] = CHARS, template: str | None = CHAT_TEMPLATE) -> PreTrainedTokenizerFast:
+    """One token per character of `chars` (and the ChatML specials), with the chat template `template`."""
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + list(chars) + ["<unk>"])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"<\|im_start\|>|<\|im_end\|>|<pad>|."), behavior="isolated")
     core.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<pad>",
                                   bos_token="<|im_start|>", unk_token="<unk>")
     tok.add_special_tokens({"additional_special_tokens": SPECIALS[1:]})
-    tok.chat_template = CHAT_TEMPLATE
+    tok.chat_template = template
     return tok
 
 

@@ -12,7 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from conftest import make_tokenizer as character_tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from lmrl.data.conversations import encode_conversation, prefix_spans
@@ -25,7 +26,6 @@ from lmrl.envs.tasks import TaskError
 from lmrl.models.default import default_model_dir
 from lmrl.types import Origin, collate
 
-SPECIALS = ["<pad>", "<|im_start|>", "<|im_end|>"]
 NL = "{{ '\\n' }}"
 MARKED = (  # ChatML with generation blocks: the reply, its tool calls and <|im_end|> are the assistant's
     "{% for m in messages %}<|im_start|>{{ m['role'] }}" + NL +
@@ -65,15 +65,7 @@ TWO_TURNS = [{"role": "user", "content": "hi"}, {"role": "assistant", "content":
 
 def make_tokenizer(template: str | None = MARKED) -> PreTrainedTokenizerFast:
     """One token per printable character, plus the ChatML specials."""
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + list(string.printable) + ["<unk>"])}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"<\|im_start\|>|<\|im_end\|>|<pad>|."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<pad>",
-                                  bos_token="<|im_start|>", unk_token="<unk>")
-    tok.add_special_tokens({"additional_special_tokens": SPECIALS[1:]})
-    tok.chat_template = template
-    return tok
+    return character_tokenizer(list(string.printable), template)
 
 
 def transformers_mask(template: str, messages: list[dict]) -> tuple[list[int], list[int]]:
