@@ -21,7 +21,7 @@ PROGRAMS = ("lmrl", ".venv/bin/lmrl", "torchrun", "python", "bash")
 SHELL_LANGS = {"bash", "sh", "shell", "console", ""}
 MARK = re.compile(r"\[needs: ([^\]]+)\]")
 KINDS = ("train", "eval", "compare", "report", "export", "merge", "serve", "list", "models")
-KNOWN_NEEDS = {"cuda", "hub", "several gpus", "an endpoint", "your data"}
+KNOWN_NEEDS = {"cuda", "hub", "several gpus", "an endpoint", "your data", "the runs above"}
 
 
 @dataclass
