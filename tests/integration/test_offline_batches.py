@@ -83,6 +83,10 @@ def test_an_offline_source_trains_by_its_terms_alone(tmp_path):
     steps = [r for r in rows if "nll" in r]
     assert len(steps) == 6 and not any("reward/mean" in r or "pg_loss" in r for r in steps)
     assert steps[0]["nll"] == pytest.approx(first, rel=1e-5)  # the learner's NLL is the hand-computed one
+    assert steps[0]["loss"] == pytest.approx(first, rel=1e-5)  # the objective: its one term
+    from lmrl.loops.progress import step_line
+    line = step_line(1, 6, steps[0])
+    assert f"loss {first:.4f}" in line and "reward" not in line and steps[0]["train/tokens_per_s"] > 0
     assert steps[-1]["nll"] < steps[0]["nll"]
     assert steps[-1]["data/epoch"] == pytest.approx(6 * 4 / 12)
     evals = [r for r in rows if "eval/loss" in r]

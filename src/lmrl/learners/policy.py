@@ -272,6 +272,7 @@ class Learner:
                 self._zero_grads()
                 finite = self._backward(batch.select([r for r in chunk if not inert[r]]), algorithm, scale,
                                         totals, weights)
+                weights["loss"] = weights.get("loss", 0.0) + 1.0 / self.parallel.world_size  # per mini-batch
                 norms = self._step(finite)
                 if norms is None:
                     skipped += 1
@@ -295,13 +296,15 @@ class Learner:
         return StreamedUpdate(self, algorithm, denominator)
 
     def _backward(self, mini: Batch, algorithm, scale, totals: dict[str, float], weights: dict[str, float]) -> bool:
-        """Forward and backward of `mini`'s micro-batches, adding to the gradients and to the token-weighted
-        metric sums; False (and the rest left out) at a non-finite loss."""
+        """Forward and backward of `mini`'s micro-batches, adding to the gradients, to the token-weighted
+        metric sums and to `totals["loss"]` (the objective: the sum of the micro-batches' losses, whose
+        weight the caller adds); False (and the rest left out) at a non-finite loss."""
         for rows in self.micro_batches(mini, algorithm.pairwise) if mini.num_rows else []:
             micro = mini.select(rows)
             loss, metrics = self._micro_step(micro, algorithm, scale)
             if not torch.isfinite(loss):
                 return False
+            totals["loss"] = totals.get("loss", 0.0) + float(loss)
             loss.backward()
             w = float(micro.completion_mask.sum())
             for k, v in metrics.items():
@@ -435,6 +438,9 @@ class StreamedUpdate:
             for p in learner._trainable():
                 if p.grad is not None:
                     p.grad.div_(divisor)
+            self.totals["loss"] = self.totals.get("loss", 0.0) / divisor
+        if "loss" in self.totals:
+            self.weights["loss"] = 1.0
         norms = learner._step(self.finite)
         return learner._finish(True, self.totals, self.weights, [norms[0]] if norms else [],
                                [norms[1]] if norms else [], int(norms is None), self.inert / max(self.rows, 1))

@@ -122,6 +122,8 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                                 "timing/threads": float(threads), **s.data_notes})
                 if rollout.generated:
                     metrics["tokens_per_s"] = rollout.generated / generating
+                if rollout.trained:  # an offline batch: the tokens trained per second of the update
+                    metrics["train/tokens_per_s"] = rollout.trained / max(step_s - waited, 1e-9)
                 metrics.update(run_state.guard_step(step, metrics))
                 stopped = stop_reason(cfg.trainer.stop_when, metrics)
                 run.log(step, {**metrics, **({"stopped": stopped} if stopped else {})})

@@ -77,7 +77,7 @@ class OfflineSource:
         tokens = sum(sum(x.loss_mask) if x.loss_mask is not None else len(x.completion_ids)
                      for g in groups for x in g.samples)
         metrics = {"data/epoch": epoch, "data/trained_tokens": float(tokens)}
-        return Rollout(step, step - 1, [], groups, metrics, time.perf_counter() - t0, 0)
+        return Rollout(step, step - 1, [], groups, metrics, time.perf_counter() - t0, 0, trained=tokens)
 
     def after_update(self, step: int, model, updated: bool) -> dict[str, float]:
         """The engine only generates to evaluate: the new weights reach it then (`paused`), not every step."""

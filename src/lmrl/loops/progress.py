@@ -19,7 +19,11 @@ NAN = float("nan")
 
 
 def step_line(step: int, total: int, m: dict[str, float]) -> str:
-    """The plain line of a step, e.g. `step 3/20  reward 0.410  acc 0.380  errors 0.00  tok/s 512  12.3s`."""
+    """The plain line of a step, e.g. `step 3/20  reward 0.410  acc 0.380  errors 0.00  tok/s 512  12.3s`; a step
+    without rollouts (an offline dataset's batch) shows its loss and trained tokens/s instead."""
+    if "reward/mean" not in m:
+        return (f"step {step}/{total}  loss {m.get('loss', NAN):.4f}  tok/s {m.get('train/tokens_per_s', 0.0):.0f}  "
+                f"{m.get('timing/step_s', 0.0):.1f}s")
     line = (f"step {step}/{total}  reward {m.get('reward/mean', NAN):.3f}  acc {m.get('accuracy', NAN):.3f}  "
             f"errors {m.get('reward_error_share', 0.0):.2f}  tok/s {m.get('tokens_per_s', 0.0):.0f}  "
             f"{m.get('timing/step_s', 0.0):.1f}s")
@@ -76,6 +80,10 @@ class StepProgress:
     def update(self, step: int, m: dict[str, float]) -> None:
         if not self.live:
             self.write(step_line(step, self.total, m))
+            return
+        if "reward/mean" not in m:
+            stats = f"loss {m.get('loss', NAN):.4f}  {m.get('train/tokens_per_s', 0.0):.0f} tok/s"
+            self.progress.update(self.task, completed=step, stats=stats)
             return
         errors = m.get("reward_error_share", 0.0)
         stats = (f"reward {m.get('reward/mean', NAN):.3f}  acc {m.get('accuracy', NAN):.3f}  "

@@ -29,6 +29,7 @@ class Rollout:
     chunk: int = 0  # its index among the step's `chunks`
     chunks: int = 1
     made_at: float = 0.0  # perf_counter when it was queued
+    trained: int = 0  # an offline batch's trained tokens (a rollout's are `generated`)
 
 
 class BatchSource(Protocol):
