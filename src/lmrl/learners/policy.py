@@ -304,7 +304,7 @@ class Learner:
             loss, metrics = self._micro_step(micro, algorithm, scale)
             if not torch.isfinite(loss):
                 return False
-            totals["loss"] = totals.get("loss", 0.0) + float(loss)
+            totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
             loss.backward()
             w = float(micro.completion_mask.sum())
             for k, v in metrics.items():
