@@ -74,6 +74,14 @@ def rollouts(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) ->
     return None
 
 
+def held_out(groups: list[Group], cfg: BatchesConfig) -> tuple[list[Group], list[Group]]:
+    """(training, held-out) groups: `batches.num_eval` of them held out after a shuffle seeded by
+    `batches.params.seed`."""
+    groups = list(groups)
+    random.Random(cfg.params.get("seed", 0)).shuffle(groups)
+    return groups[cfg.num_eval:], groups[: cfg.num_eval]
+
+
 def encoded_groups(cfg: BatchesConfig, tokenizer, formats: frozenset[str]) -> OfflineData:
     """Read `batches.dataset` (held-out rows: `batches.params.eval_dataset` or `eval_split`), encode every record
     as one group (a pair: [chosen, rejected]), and hold `batches.num_eval` rows out (a seeded shuffle) when no
@@ -103,8 +111,7 @@ def encoded_groups(cfg: BatchesConfig, tokenizer, formats: frozenset[str]) -> Of
         held = groups_of(held_name or cfg.dataset, "batches.params.eval_dataset" if held_name else "batches.dataset",
                          params, "eval-")[: cfg.num_eval or None]
     else:
-        random.Random(cfg.params.get("seed", 0)).shuffle(train)
-        held, train = train[: cfg.num_eval], train[cfg.num_eval:]
+        train, held = held_out(train, cfg)
     if not train:
         raise ValueError(f"batches.dataset {cfg.dataset}: no row left to train on"
                          + (f" ({skipped_summary(dropped, cfg.max_tokens)})" if dropped else ""))
@@ -197,11 +204,11 @@ def rollout_pairs(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict
             dropped[NO_GAP] += 1
             continue
         groups.append(Group(f"pair-{i}", record, pair))
-    random.Random(b.params.get("seed", 0)).shuffle(groups)
     if len(groups) <= b.num_eval:
         raise ValueError(f"batches.dataset {b.dataset}: {len(groups)} pairs, not more than batches.num_eval="
                          f"{b.num_eval}")
-    return OfflineData(groups[b.num_eval:], groups[: b.num_eval], dict(dropped), f"rollout_pairs {b.dataset}")
+    train, held = held_out(groups, b)
+    return OfflineData(train, held, dict(dropped), f"rollout_pairs {b.dataset}")
 
 
 def check_batches(cfg: Config) -> None:

@@ -4,28 +4,21 @@ weights of the step before (the synchronous loop; `loops.collect.collect_groups`
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager, nullcontext
-from typing import Any
-
+from contextlib import nullcontext
 from lmrl.data.sources import BATCH_SOURCES, preference_pairs
 from lmrl.loops.collect import collect_groups
 from lmrl.loops.setup import Stages
-from lmrl.loops.source import Rollout
+from lmrl.loops.source import FollowingSource, Rollout
 from lmrl.models.threads import apply_threads
 
 
-class InlineSource:
+class InlineSource(FollowingSource):
     """Collects with the run's own engine, which follows the learner's weights."""
-
-    live_parts: tuple[str, ...] = ()
 
     def __init__(self, s: Stages):
         self.s = s
         self.eval_engine = s.engine
         self.pairs = BATCH_SOURCES.spec(s.cfg.batches.source).pairs  # the kept groups become preference pairs
-
-    def start(self) -> None:
-        pass
 
     def take(self, step: int) -> Rollout:
         t0, scoring = time.perf_counter(), self.s.scorer.seconds
@@ -41,19 +34,5 @@ class InlineSource:
     def after_update(self, step: int, model, updated: bool) -> dict[str, float]:
         return self.s.engine.update_weights(None, step) if updated else {}
 
-    def step_metrics(self, step: int, rollout: Rollout, waited: float) -> dict[str, float]:
-        return {}
-
     def paused(self):
         return nullcontext()
-
-    def checkpoint_state(self, step: int, read_parts) -> dict[str, Any]:
-        return {}
-
-    @contextmanager
-    def restarting(self, step: int):
-        yield
-        self.s.engine.update_weights(None, step)
-
-    def stop(self) -> None:
-        pass

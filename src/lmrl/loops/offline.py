@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 
@@ -21,7 +20,7 @@ from lmrl.data import OfflineData
 from lmrl.inputs.model import reference_logprobs
 from lmrl.loops.batching import to_batch
 from lmrl.loops.collect import batch_inputs
-from lmrl.loops.source import Rollout
+from lmrl.loops.source import FollowingSource, Rollout
 from lmrl.types import Group
 
 
@@ -53,11 +52,9 @@ def reference_pass(s, groups: list[Group]) -> None:
         reference_logprobs(to_batch(inputs, s.engine.pad_token_id), inputs)
 
 
-class OfflineSource:
+class OfflineSource(FollowingSource):
     """Hands the loop an offline dataset's groups; the run's engine (which shares the learner's weights) is
     only used to evaluate."""
-
-    live_parts: tuple[str, ...] = ()
 
     def __init__(self, s):
         self.s = s
@@ -68,14 +65,10 @@ class OfflineSource:
             reference_pass(s, s.offline.train)
             reference_pass(s, s.offline.eval)
 
-    def start(self) -> None:
-        pass
-
     def take(self, step: int) -> Rollout:
         t0 = time.perf_counter()
         groups, epoch = step_groups(self.data, self.s.cfg.batches.size, self.s.cfg.trainer.seed, step)
-        tokens = sum(sum(x.loss_mask) if x.loss_mask is not None else len(x.completion_ids)
-                     for g in groups for x in g.samples)
+        tokens = sum(x.num_generated for g in groups for x in g.samples)  # the trained ones (their loss mask)
         metrics = {"data/epoch": epoch, "data/trained_tokens": float(tokens)}
         return Rollout(step, step - 1, [], groups, metrics, time.perf_counter() - t0, 0, trained=tokens)
 
@@ -85,23 +78,9 @@ class OfflineSource:
             self.published = step
         return {}
 
-    def step_metrics(self, step: int, rollout: Rollout, waited: float) -> dict[str, float]:
-        return {}
-
     @contextmanager
     def paused(self):
         if self.published is not None:
             self.s.engine.update_weights(None, self.published)
             self.published = None
         yield
-
-    def checkpoint_state(self, step: int, read_parts) -> dict[str, Any]:
-        return {}
-
-    @contextmanager
-    def restarting(self, step: int):
-        yield
-        self.s.engine.update_weights(None, step)
-
-    def stop(self) -> None:
-        pass

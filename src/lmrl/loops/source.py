@@ -7,7 +7,7 @@ it while evaluating, adds its state to each checkpoint and lets it restart after
 """
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +30,31 @@ class Rollout:
     chunks: int = 1
     made_at: float = 0.0  # perf_counter when it was queued
     trained: int = 0  # an offline batch's trained tokens (a rollout's are `generated`)
+
+
+class FollowingSource:
+    """The parts of a batch source whose engine follows the learner's weights and which holds nothing between
+    steps (`loops.inline`, `loops.offline`): no live parts, no state of its own in checkpoints; after a guard
+    rollback the restored weights are published as after an update (`after_update`)."""
+
+    live_parts: tuple[str, ...] = ()
+
+    def start(self) -> None:
+        pass
+
+    def step_metrics(self, step: int, rollout: Rollout, waited: float) -> dict[str, float]:
+        return {}
+
+    def checkpoint_state(self, step: int, read_parts) -> dict[str, Any]:
+        return {}
+
+    @contextmanager
+    def restarting(self, step: int):
+        yield
+        self.after_update(step, self.s.model, True)
+
+    def stop(self) -> None:
+        pass
 
 
 class BatchSource(Protocol):
