@@ -225,22 +225,37 @@ class AlgoConfig(Section):
 
 
 class StopRule(Section):
-    """Stop training after the first step whose logged `metric` is above (or below) a threshold."""
+    """Stop training after the first reading of `metric` above (or below) a threshold, or, with `drop`, more than
+    `drop` below the best value it has had (while `while_rising`, when given, rose since its last reading: the
+    over-optimisation rule of a proxy reward, docs/runs.md). A metric of the evaluation (`eval/...`) is read at
+    each evaluation, any other at each step."""
 
     metric: str  # a name from the step's log (metrics.jsonl), e.g. reward/majority_vote
     above: float | None = None
     below: float | None = None
+    drop: float | None = Field(None, ge=0)
+    while_rising: str | None = None  # with `drop`: only while this metric rose since its last reading
 
     @model_validator(mode="after")
     def _one_threshold(self) -> "StopRule":
-        if (self.below is None) == (self.above is None):
-            raise ValueError("give exactly one of `above` and `below`")
+        if sum(x is not None for x in (self.above, self.below, self.drop)) != 1:
+            raise ValueError("give exactly one of `above`, `below` and `drop`")
+        if self.while_rising is not None and self.drop is None:
+            raise ValueError("`while_rising` goes with `drop`")
+        if self.while_rising is not None and self.while_rising.startswith("eval/") != self.metric.startswith("eval/"):
+            raise ValueError(f"`while_rising` ({self.while_rising}) must be read when {self.metric} is: both "
+                             "metrics of the evaluation (eval/...) or both of the step")
         return self
+
+    @property
+    def at_evaluation(self) -> bool:
+        """Read from each evaluation's metrics (not the step's)."""
+        return self.metric.startswith("eval/")
 
 
 class TrainerConfig(Section):
     steps: int = Field(20, ge=1)  # the most steps; `stop_when` may end the run earlier
-    stop_when: list[StopRule] = Field(default_factory=list)  # label-free stopping rules (docs/runs.md)
+    stop_when: list[StopRule] = Field(default_factory=list)  # stopping rules on logged metrics (docs/runs.md)
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)

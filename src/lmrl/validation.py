@@ -145,6 +145,14 @@ def _kl_in_reward(cfg: Config) -> None:
         raise ConfigError("algo.kl_in_reward=true needs algo.kl_coef > 0")
 
 
+def _stop_rules(cfg: Config) -> None:
+    """A rule on a metric of the evaluation is read at each evaluation: the run must evaluate as it trains."""
+    for rule in cfg.trainer.stop_when:
+        if rule.at_evaluation and not cfg.eval.every:
+            raise ConfigError(f"trainer.stop_when reads {rule.metric} at each evaluation: set eval.every "
+                              "(e.g. eval.every=2), or name a metric of the step")
+
+
 def _groups(cfg: Config) -> None:
     """Group-relative estimators and group filters compare the samples of one prompt."""
     if ADVANTAGES.spec(cfg.algo.advantage).group_relative and cfg.rollout.group_size < 2:
@@ -440,7 +448,7 @@ CONFIG_STAGES = ("names", "combinations")  # need no data: build_config runs the
 PIPELINE: list[tuple[str, Callable[..., None]]] = [
     ("names", _registered), ("names", _params), ("names", _reward_names), ("names", _trackers),
     ("combinations", _env_reward), ("combinations", _rollout_workers), ("combinations", _preset_clip_bounds), ("combinations", _preset_aggregation), ("combinations", _sequence_ratio),
-    ("combinations", _kl_in_reward), ("combinations", check_batches), ("combinations", _groups), ("combinations", _declared_checks),
+    ("combinations", _kl_in_reward), ("combinations", _stop_rules), ("combinations", check_batches), ("combinations", _groups), ("combinations", _declared_checks),
     ("combinations", _peers), ("combinations", _demonstrations), ("combinations", _sample_source),
     ("combinations", _critic), ("combinations", _inputs), ("combinations", _rejected_tokens), ("combinations", _sampler_probe),
     ("combinations", _streaming),

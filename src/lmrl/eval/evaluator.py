@@ -43,11 +43,21 @@ def majority_correct(groups: list[Group], correct: list[list[bool]]) -> list[boo
             for group, right in zip(groups, correct)]
 
 
+def reward_metrics(groups: list[Group]) -> dict[str, float]:
+    """The mean reward of the scored samples, `eval/reward`, and of each reward component, `eval/reward/<name>`
+    (a proxy reward model beside the gold verifier: their held-out curves side by side)."""
+    scored = [x for g in groups for x in g.samples if x.excluded is None and x.reward is not None]
+    out = {"eval/reward": sum(x.reward for x in scored) / len(scored) if scored else float("nan")}
+    for name in sorted({k for x in scored for k in x.rewards}):
+        values = [x.rewards[name] for x in scored if name in x.rewards]
+        out[f"eval/reward/{name}"] = sum(values) / len(values)
+    return out
+
+
 def episode_metrics(groups: list[Group]) -> dict[str, float]:
-    """The mean episode reward and the mean of each metric the environment reported, as `eval/...`."""
+    """The mean of each metric the environment reported, as `eval/...`."""
     samples = [x for g in groups for x in g.samples]
-    scored = [x.reward for x in samples if x.excluded is None and x.reward is not None]
-    out = {"eval/reward": sum(scored) / len(scored) if scored else float("nan")}
+    out = {}
     for name in sorted({k for x in samples for k in x.info.get("metrics", {})}):
         values = [x.info["metrics"][name] for x in samples if name in x.info.get("metrics", {})]
         out[f"eval/{name}"] = sum(values) / len(values)
@@ -136,6 +146,7 @@ def held_out_metrics(replies: Replies, cfg: EvalConfig, accuracy_component: str)
         "eval/gaming_restated_question": gaming_share([s for g in greedy_groups for s in g.samples],
                                                       accuracy_component),
     }
+    metrics.update(reward_metrics(greedy_groups))
     if replies.episodes:
         metrics.update(episode_metrics(greedy_groups))
     if replies.sampled is not None:

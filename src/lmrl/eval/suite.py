@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from lmrl.config import Config, ConfigError, EnvConfig, EvalConfig
 from lmrl.eval.abstention import DETECTOR_KEYS, abstention_params
-from lmrl.eval.evaluator import correct_flags, episode_metrics, held_out_replies
+from lmrl.eval.evaluator import correct_flags, episode_metrics, held_out_replies, reward_metrics
 from lmrl.eval.metrics import (abstention_metrics, distinct_n, expected_calibration_error, majority, pass_at_k,
                                risk_coverage)
 from lmrl.eval.suite_report import json_safe
@@ -157,8 +157,8 @@ def run_suite(engine, tokenizer, rows: list[dict], scorer, cfg: EvalConfig, max_
     records = [prompt_record(g, s, accuracy_component, detector)
                for g, s in zip(greedy, replies.sampled or greedy)]
     metrics = aggregate(records, cfg.pass_k, lam)
-    if replies.episodes:
-        metrics.update({k.removeprefix("eval/"): v for k, v in episode_metrics(greedy).items()})
+    scored = {**reward_metrics(greedy), **(episode_metrics(greedy) if replies.episodes else {})}
+    metrics.update({k.removeprefix("eval/"): v for k, v in scored.items()})
     settings = {"samples": cfg.samples, "temperature": cfg.temperature, "ks": ks_for(records, cfg.pass_k),
                 "max_new_tokens": replies.max_new_tokens, "num_prompts": len(replies.rows), "lam": lam, "seed": seed}
     return {"lmrl_eval": FORMAT, "settings": settings, "metrics": metrics,

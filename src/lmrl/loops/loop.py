@@ -24,7 +24,7 @@ from lmrl.loops.run_dir import RunDir
 from lmrl.loops.run_state import RunState
 from lmrl.loops.setup import Stages, build_stages, data_parallel
 from lmrl.loops.source import BatchSource
-from lmrl.loops.stopping import stop_reason
+from lmrl.loops.stopping import StopWatch
 from lmrl.loops.streaming import learn_streamed
 from lmrl.models.threads import apply_threads
 from lmrl.trackers import Trackers
@@ -88,6 +88,8 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
         result.steps, result.stopped = start, saved_state["stopped"]
         return result
     source = run_state.source = open_source(s, start, saved_state)
+    stops = StopWatch(cfg.trainer.stop_when)
+    stops.load_state_dict(saved_state.get("stop_watch", {}))
     if start == 0:
         log_inputs_order(s, run)
     progress = StepProgress(cfg.trainer.steps, start, enabled=cfg.run.progress and s.parallel.is_main)
@@ -125,7 +127,7 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                 if rollout.trained:  # an offline batch: the tokens trained per second of the update
                     metrics["train/tokens_per_s"] = rollout.trained / max(step_s - waited, 1e-9)
                 metrics.update(run_state.guard_step(step, metrics))
-                stopped = stop_reason(cfg.trainer.stop_when, metrics)
+                stopped = stops.reason(metrics)
                 run.log(step, {**metrics, **({"stopped": stopped} if stopped else {})})
                 run.log_samples(step, [sample_row(g, "train") for g in rollout.seen[:2]])
                 run.log_rollouts(step, rollout.seen)
@@ -138,10 +140,15 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                         t_eval = time.perf_counter()
                         evaluated = evaluate_now(s, run, step, source.eval_engine, progress)
                         paused += time.perf_counter() - t_eval
+                    why = stops.reason(evaluated, evaluation=True)  # the rules remember every evaluation
+                    if why and not last:
+                        stopped, last = why, True
+                        run.log(step, {"stopped": stopped})  # this evaluation is the run's last
                     if last:
                         result.eval_after = evaluated
                 done, updates_at_boundary = step, s.learner.optimizer_steps
-                boundary = {**run_state.boundary(skip=source.live_parts), "stopped": stopped}
+                boundary = {**run_state.boundary(skip=source.live_parts), "stopped": stopped,
+                            "stop_watch": stops.state_dict()}
                 if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
                     checkpoint = {**boundary, **source.checkpoint_state(step, run_state.read)}
                     t_save = time.perf_counter()

@@ -8,7 +8,7 @@ and its history, which only `--resume` restores:
   sampler, every random state, the method states (the guard among them), the reward scorer and
   the sample source;
 - history: the step, how far the logs had got, the evaluation results, why `trainer.stop_when`
-  ended the run, and the background batch source's queued batches. A rollback keeps it: step numbers
+  ended the run and what its rules remember, and the background batch source's queued batches. A rollback keeps it: step numbers
   and logs go on from where the bad streak ended (docs/guards.md).
 
 The batch source (`loops.source`) takes part in a rollback: it stops before the restore and goes on
@@ -37,7 +37,7 @@ _REQUIRED = object()
 # the weights, optimiser and scheduler: written as files beside `state.pt` (learners.checkpoint)
 FILE_PARTS = ("weights", "optimizer", "scheduler")
 # the history a checkpoint records and a rollback keeps
-HISTORY = ("step", "logs", "eval_before", "eval_after", "stopped", "async")
+HISTORY = ("step", "logs", "eval_before", "eval_after", "stopped", "stop_watch", "async")
 
 
 @dataclass(frozen=True)
