@@ -358,16 +358,32 @@ class StageEntry(Section):
     overrides: dict[str, Any] = Field(default_factory=dict)
 
 
+FEEDBACK_FILE = "feedback.jsonl"  # in a refresh pipeline's policy stage: the labelled rollouts its next round adds
+
+
+class RefreshConfig(Section):
+    """A pipeline's proxy-refresh rounds (docs/pipelines.md#refresh): its two stages, a reward model trained on
+    labelled rollouts and a policy trained against it, repeat; a policy stage that over-optimises (its
+    `trainer.stop_when` drop rule fires) is rolled back to its best evaluation, and the rollouts sampled from
+    there, `feedback_groups` groups of them, join the next reward model's data (stages_and_credit §5.1)."""
+
+    rounds: int = Field(3, ge=1)  # the most rounds of (reward model, policy)
+    feedback_groups: int = Field(32, ge=1)  # the rollout groups of the rolled-back policy labelled per round
+
+
 @dataclass(frozen=True)
 class PipelineStage:
     """A stage of a loaded pipeline: its label, its validated config, the tree that config was built from
-    (rebuilt when the stage is placed in its run directory), and the stage whose final weights it starts
-    from (None: its own `model.path`)."""
+    (rebuilt when the stage is placed in its run directory; `{from: <label>}` values in it name an earlier
+    stage's output), and the stage whose final weights it starts from (None: its own `model.path`). In a
+    refresh pipeline, `role` is "reward_model" or "policy" and `round` counts from 1."""
 
     label: str
     config: Config
     tree: dict[str, Any]
     model_from: str | None = None
+    role: str | None = None
+    round: int = 0
 
 
 @dataclass(frozen=True)
@@ -378,6 +394,7 @@ class PipelineConfig:
     description: str
     run: RunConfig
     stages: tuple[PipelineStage, ...]
+    refresh: RefreshConfig | None = None
 
     @property
     def labels(self) -> list[str]:

@@ -11,12 +11,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from lmrl.config import (RESUMABLE, AlgoConfig, Config, PipelineConfig, PipelineStage, RunConfig, StageEntry,
-                         resumable)
+from lmrl.config import (FEEDBACK_FILE, RESUMABLE, AlgoConfig, Config, PipelineConfig, PipelineStage, RefreshConfig,
+                         RunConfig, StageEntry, resumable)
 from lmrl.errors import ConfigError
 from lmrl.presets import PRESETS
-from lmrl.recipe_files import (apply_override, check_keys, get_dotted, has_dotted, list_note, merge_trees,
-                               migrate_keys, parse_override, read_yaml, recipe_tree, seed_named_list, set_dotted)
+from lmrl.recipe_files import (apply_override, check_keys, get_dotted, has_dotted, is_reference, list_note,
+                               merge_trees, migrate_keys, parse_override, read_yaml, recipe_tree, resolve_references,
+                               seed_named_list, set_dotted)
 
 
 def load_config(recipe: str | None = "quickstart", overrides: list[str] | None = None) -> Config:
@@ -63,10 +64,10 @@ def _overridden(tree: dict[str, Any], parsed: list[tuple[str, Any]]) -> tuple[di
 
 def dotted_items(mapping: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     """A nested mapping as (dotted key, value) pairs: `{trainer: {steps: 3}}` is `trainer.steps=3`, so a
-    stage's mapping merges key by key. `{from: <label>}` (a stage's `model.path`) is a value, not a section."""
+    stage's mapping merges key by key. A stage reference (`{from: <label>}`) is a value, not a section."""
     items = []
     for key, value in mapping.items():
-        if isinstance(value, dict) and value and set(value) != {"from"}:
+        if isinstance(value, dict) and value and not is_reference(value):
             items += dotted_items(value, f"{prefix}{key}.")
         else:
             items.append((f"{prefix}{key}", value))
@@ -129,6 +130,54 @@ def _model_source(label: str, value: Any, earlier: list[str]) -> str:
                       f"({', '.join(earlier) or 'none: it is the first'}){hint}")
 
 
+def _rounds(entries: list[StageEntry], refresh: RefreshConfig | None) -> list[tuple[StageEntry, str, str | None, int]]:
+    """(entry, its label in the recipe, refresh role, round) of each stage the pipeline trains: its entries, or
+    with `refresh:` its two stages once per round, labelled `<label>-<round>`."""
+    if refresh is None:
+        return [(entry, entry.name, None, 0) for entry in entries]
+    if len(entries) != 2:
+        raise ConfigError(f"refresh: a pipeline of two stages, the reward model then the policy trained against it "
+                          f"(this one has {len(entries)})")
+    return [(entry.model_copy(update={"name": f"{entry.name}-{r}"}), entry.name, role, r)
+            for r in range(1, refresh.rounds + 1) for entry, role in zip(entries, ("reward_model", "policy"))]
+
+
+def _refresh_settings(role: str | None, r: int, names: list[str], stages: list[PipelineStage]) -> list[tuple[str, Any]]:
+    """What a refresh round sets on its stage: after the first round the reward model starts again from the first
+    one's model, on the data the previous policy stage left (`FEEDBACK_FILE`), and the policy goes on from the
+    previous policy stage's rolled-back weights."""
+    if r < 2:
+        return []
+    reward_model, policy = names
+    if role == "reward_model":
+        return [("model.path", stages[0].config.model.path),
+                ("batches.dataset", {"from": f"{policy}-{r - 1}", "file": FEEDBACK_FILE})]
+    return [("model.path", {"from": f"{policy}-{r - 1}"})]
+
+
+def _renamed(tree: Any, names: dict[str, str]) -> Any:
+    """`tree` with the stage references of a refresh round's stages pointing at that round's stages."""
+    return resolve_references(tree, lambda label, file: {"from": names.get(label, label),
+                                                         **({"file": file} if file else {})})
+
+
+def checked_tree(label: str, tree: dict[str, Any], earlier: list[PipelineStage]) -> dict[str, Any]:
+    """A stage's tree as it is validated before any stage ran: each reference to an earlier stage's weights is
+    the model that stage starts from, a reference to a file is named as such; a reference to a stage that is not
+    earlier is an error naming the nearest one."""
+    known = {stage.label: stage for stage in earlier}
+
+    def path_of(source: str, file: str | None) -> str:
+        if source not in known:
+            near = difflib.get_close_matches(str(source), list(known), n=1, cutoff=0.4)
+            raise ConfigError(f"stage {label!r}: {{from: {source}}} must name an earlier stage "
+                              f"({', '.join(known) or 'none: it is the first'})"
+                              + (f"; did you mean {near[0]!r}?" if near else ""))
+        return known[source].config.model.path if file is None else f"<stage {source}>/{file}"
+
+    return resolve_references(tree, path_of)
+
+
 def pipeline_from_tree(tree: dict[str, Any], parsed: list[tuple[str, Any]]) -> PipelineConfig:
     """A pipeline recipe's stages, each a validated Config (docs/pipelines.md, "Precedence").
 
@@ -137,37 +186,51 @@ def pipeline_from_tree(tree: dict[str, Any], parsed: list[tuple[str, Any]]) -> P
     after the first starts from the final weights of the stage before it, unless its own overrides set
     `model.path` (a path, or `{from: <label>}` for an earlier stage; a `model.path` among the shared keys or
     the command line's overrides is the first stage's model); its config is validated with the model that
-    chain starts from, and the run puts the earlier stage's exported weights there."""
+    chain starts from, and the run puts the earlier stage's exported weights there. Any other value may be
+    `{from: <label>}` (an earlier stage's final weights, e.g. a reward model's path) or `{from: <label>, file:
+    <name>}` (a file in its folder). With `refresh:`, the two stages repeat once per round (`_rounds`)."""
     entries = _stage_entries(tree)
     labels = [entry.name for entry in entries]
-    shared_tree = {key: value for key, value in tree.items() if key not in ("stages", "recipe", "description")}
+    refresh = RefreshConfig.model_validate(tree["refresh"]) if tree.get("refresh") is not None else None
+    shared_tree = {key: value for key, value in tree.items()
+                   if key not in ("stages", "recipe", "description", "refresh")}
     shared, own = _split_overrides(parsed, labels)
+    rounds = _rounds(entries, refresh)
     stages: list[PipelineStage] = []
-    for entry in entries:
+    for entry, name, role, r in rounds:
         base = recipe_tree(entry.recipe) if entry.recipe else {}
         stage_tree = merge_trees(base, copy.deepcopy(shared_tree))
         stage_tree["recipe"] = base.get("recipe", tree.get("recipe"))
         stage_tree["description"] = base.get("description", tree.get("description", ""))
-        sets_path = any(key == "model.path" for key, _ in [*dotted_items(entry.overrides), *own[entry.name]])
+        refreshed = _refresh_settings(role, r, labels, stages)
+        sets_path = any(key == "model.path" for key, _ in [*dotted_items(entry.overrides), *own[name], *refreshed])
         every = [(key, value) for key, value in shared if not (sets_path and key == "model.path")]
         try:
-            stage_tree, notes = _overridden(stage_tree, [*dotted_items(entry.overrides), *every, *own[entry.name]])
+            stage_tree, notes = _overridden(stage_tree, [*dotted_items(entry.overrides), *every, *own[name],
+                                                         *refreshed])
+            if role is not None:
+                stage_tree = _renamed(stage_tree, {label: f"{label}-{r}" for label in labels})
             path = get_dotted(stage_tree, "model.path")
+            chained = stages and not sets_path and role is None
             model_from = _model_source(entry.name, path, [s.label for s in stages]) if isinstance(path, dict) \
-                else stages[-1].label if stages and not sets_path else None
+                else stages[-1].label if chained else None
             if model_from is not None:
                 set_dotted(stage_tree, "model.path", next(s for s in stages if s.label == model_from).config.model.path)
-            cfg = build_config(stage_tree)
+            cfg = build_config(checked_tree(entry.name, stage_tree, stages))
         except ConfigError as err:
-            raise ConfigError(f"stage {entry.name!r} ({len(stages) + 1} of {len(entries)}): {err}") from None
+            raise ConfigError(f"stage {entry.name!r} ({len(stages) + 1} of {len(rounds)}): {err}") from None
         cfg._notes = tuple(note for note in [*notes, *cfg.notes] if note)
-        stages.append(PipelineStage(entry.name, cfg, stage_tree, model_from))
+        stages.append(PipelineStage(entry.name, cfg, stage_tree, model_from, role, r))
+    if refresh is not None:
+        from lmrl.validation import check_refresh  # the checks read the registries, which import torch
+
+        check_refresh(stages[0], stages[1])
     run_tree = copy.deepcopy(shared_tree.get("run") or {})
     for key, value in shared:
         if key.startswith("run."):
             set_dotted(run_tree, key.removeprefix("run."), value)
     return PipelineConfig(tree.get("recipe"), tree.get("description", ""), RunConfig.model_validate(run_tree),
-                          tuple(stages))
+                          tuple(stages), refresh)
 
 
 def _preset_settings(tree: dict[str, Any]) -> dict[str, Any]:

@@ -366,3 +366,29 @@ def migrate_keys(tree: dict, defaults: dict[str, Any] | None = None) -> list[str
         if algo.get(field) == []:
             del algo[field]
     return notes
+
+
+# Stage references of a pipeline (docs/pipelines.md) -------------------------------------------------
+
+def is_reference(value: Any) -> bool:
+    """`{from: <label>}` (an earlier stage's final weights) or `{from: <label>, file: <name>}` (a file it wrote)."""
+    return isinstance(value, dict) and "from" in value and set(value) <= {"from", "file"}
+
+
+def references(tree: Any) -> list[dict]:
+    """Every stage reference in a stage's tree, lists included."""
+    if is_reference(tree):
+        return [tree]
+    children = list(tree.values()) if isinstance(tree, dict) else tree if isinstance(tree, list) else []
+    return [ref for child in children for ref in references(child)]
+
+
+def resolve_references(tree: Any, path_of) -> Any:
+    """A copy of `tree` with each stage reference replaced by `path_of(label, file)` (`model.path`'s included)."""
+    if is_reference(tree):
+        return path_of(tree["from"], tree.get("file"))
+    if isinstance(tree, dict):
+        return {key: resolve_references(value, path_of) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [resolve_references(value, path_of) for value in tree]
+    return tree

@@ -28,6 +28,7 @@ from lmrl.inputs import provided_inputs
 from lmrl.inputs.vocabulary import (ALIASES, INPUT_KNOBS, ROW_FIELD_INPUTS, STEP_FIELDS, pmi_field,
                                     unknown_inputs_message)
 from lmrl.presets import PRESETS
+from lmrl.recipe_files import references
 from lmrl.registry import KnobError, check_knobs
 from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
 from lmrl.trackers import check_trackers
@@ -454,6 +455,39 @@ PIPELINE: list[tuple[str, Callable[..., None]]] = [
     ("combinations", _streaming),
     ("data", _demonstration_rows), ("data", _source_rows), ("data", _method_rows),
 ]
+
+
+def check_refresh(reward_model, policy) -> None:
+    """A refresh pipeline's two stages (docs/pipelines.md#refresh): the reward model learns from labelled
+    rollouts, and the policy stage records its rollouts, evaluates and keeps a checkpoint at each evaluation
+    (what a rollback returns to), samples in step (the rollouts after a checkpoint come from its weights), stops
+    on a `drop` rule of its evaluation, and reads the reward model (a `{from: <label>}` in its settings)."""
+    rm, cfg, where = reward_model.config, policy.config, f"refresh: the policy stage {policy.label!r}"
+    if rm.batches.source != "rollout_pairs":
+        raise ConfigError(f"refresh: the reward-model stage {reward_model.label!r} trains on labelled rollouts: "
+                          f"batches.source=rollout_pairs (it has {rm.batches.source})")
+    if not BATCH_SOURCES.spec(cfg.batches.source).policy_gradient:
+        raise ConfigError(f"{where} trains on its rollouts: batches.source=rollouts (it has {cfg.batches.source})")
+    drops = [rule for rule in cfg.trainer.stop_when if rule.drop is not None and rule.at_evaluation]
+    if len(drops) != 1:
+        raise ConfigError(f"{where} needs one trainer.stop_when rule with `drop` on a metric of the evaluation "
+                          "(e.g. {metric: eval/accuracy, drop: 0.03, while_rising: eval/reward/reward_model}): "
+                          "it says when the policy over-optimises the proxy")
+    run = cfg.run
+    if not run.save_rollouts:
+        raise ConfigError(f"{where}: set run.save_rollouts=true (the next round's reward model learns from them)")
+    if cfg.rollout.max_staleness is not None:
+        raise ConfigError(f"{where}: rollout.max_staleness must be unset (the rollouts after a checkpoint must "
+                          "come from its weights)")
+    if not run.checkpoint_every or cfg.eval.every % run.checkpoint_every:
+        raise ConfigError(f"{where}: run.checkpoint_every must divide eval.every={cfg.eval.every} (a rollback "
+                          "goes back to an evaluated checkpoint)")
+    if run.keep_checkpoints * run.checkpoint_every < cfg.trainer.steps:
+        raise ConfigError(f"{where}: run.keep_checkpoints must keep every checkpoint (at least "
+                          f"{-(-cfg.trainer.steps // run.checkpoint_every)}): a rollback may go back to any of them")
+    if not any(ref["from"] == reward_model.label for ref in references(policy.tree)):
+        raise ConfigError(f"{where} never reads the reward model: give its reward component the path "
+                          f"{{from: {reward_model.label.rsplit('-', 1)[0]}}}")
 
 
 def run_stages(stages: tuple[str, ...], *args: Any) -> None:

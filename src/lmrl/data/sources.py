@@ -186,19 +186,27 @@ def online_pairs(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]
 def rollout_pairs(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> OfflineData:
     """`batches.dataset` is a rollouts.jsonl (one record per group, `data.replay`). A group whose rewards are all
     equal (or differ by less than `batches.params.min_gap`) makes no pair; ties go to the earlier sample. The
-    policy that samples and the reward that scored decide the preference (pairs built from any reward)."""
+    policy that samples and the reward that scored decide the preference (pairs built from any reward): the
+    recorded reward, or with `batches.params.rank_by` one recorded reward component (e.g. the gold verifier a run
+    logged with weight 0 beside the proxy it trained on)."""
     from lmrl.data.sft import read_records
 
     b = cfg.batches
     if b.dataset is None:
         raise ValueError("batches.source=rollout_pairs reads a run's rollouts.jsonl: set batches.dataset")
-    min_gap = float(b.params.get("min_gap", 0.0))
+    min_gap, rank_by = float(b.params.get("min_gap", 0.0)), b.params.get("rank_by")
     groups, dropped = [], Counter()
     for i, record in enumerate(read_records(b.dataset, b.params, key="batches.dataset")):
         if "rollouts" not in record:
             raise ValueError(f"batches.dataset {b.dataset}: record {i} has no 'rollouts' (a run's rollouts.jsonl, "
                              "written with run.save_rollouts=true)")
         samples = [replace(x, origin=Origin.DATASET, info={}) for x in replayed_samples(record, ReplayParams())]
+        if rank_by is not None:
+            missing = [x for x in samples if rank_by not in x.rewards]
+            if missing:
+                raise ValueError(f"batches.dataset {b.dataset}: record {i} has no reward component {rank_by!r} "
+                                 f"(batches.params.rank_by; it has {', '.join(sorted(missing[0].rewards)) or 'none'})")
+            samples = [replace(x, reward=float(x.rewards[rank_by])) for x in samples]
         pair = best_and_worst(samples, min_gap)
         if pair is None:
             dropped[NO_GAP] += 1

@@ -9,7 +9,6 @@ its last checkpoint (the run's own resume) and goes on with the rest.
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -17,16 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmrl.config import Config, ConfigError, PipelineConfig, PipelineStage, resumable
+from lmrl.config import Config, ConfigError, PipelineConfig, PipelineStage, RefreshConfig, resumable
 from lmrl.eval.stage_logs import PIPELINE_FILE, STAGES_DIR, read_pipeline
-from lmrl.loading import build_config, load_run_config
+from lmrl.loading import build_config, checked_tree, load_run_config
 from lmrl.loops.dispatch import train
 from lmrl.loops.run_dir import new_run_path, remove_run, run_entries
 from lmrl.models.checkpoint_dirs import latest_checkpoint
-from lmrl.recipe_files import parse_override, set_dotted
+from lmrl.recipe_files import parse_override, resolve_references, set_dotted
 
 EXPORTED_FROM = "lmrl_checkpoint.txt"  # the checkpoint a stage's model/ was exported from
 FINAL_MODEL = "model"  # in a finished stage's directory: its final weights as a transformers directory
+SKIPPED = "skipped"  # a refresh round the pipeline did not need: the round before it did not over-optimise
 
 
 @dataclass
@@ -49,11 +49,18 @@ def stage_folder(index: int, label: str) -> str:
     return f"{STAGES_DIR}/{stage_name(index, label)}"
 
 
-def placed(stage: PipelineStage, index: int, root: Path, model_path: str | None = None,
+def stage_output(pipe: PipelineConfig, root: Path, label: str, file: str | None = None) -> Path:
+    """Where stage `label` of the pipeline run `root` leaves its final weights (`FINAL_MODEL`) or `file`."""
+    return root / stage_folder(pipe.labels.index(label), label) / (file or FINAL_MODEL)
+
+
+def placed(pipe: PipelineConfig, index: int, root: Path, model_path: str | None = None,
            overrides: list[str] = ()) -> Config:
-    """The stage's config as it runs: in its folder of the pipeline run `root`, from `model_path` when given
-    (an earlier stage's final weights), with the (resumable) `overrides` of a resumed pipeline."""
-    tree = copy.deepcopy(stage.tree)
+    """Stage `index`'s config as it runs: in its folder of the pipeline run `root`, from `model_path` when given
+    (an earlier stage's final weights), its references to earlier stages' outputs made paths in `root`, with the
+    (resumable) `overrides` of a resumed pipeline."""
+    stage = pipe.stages[index]
+    tree = resolve_references(stage.tree, lambda label, file: str(stage_output(pipe, root, label, file)))
     run = tree.setdefault("run", {})
     run.update(output_dir=str(root / STAGES_DIR), name=stage_name(index, stage.label), overwrite=False)
     if model_path is not None:
@@ -65,8 +72,10 @@ def placed(stage: PipelineStage, index: int, root: Path, model_path: str | None 
 
 def _record(pipe: PipelineConfig) -> dict[str, Any]:
     return {"recipe": pipe.recipe, "description": pipe.description,
+            "refresh": pipe.refresh.model_dump() if pipe.refresh else None,
             "stages": [{"label": s.label, "dir": stage_folder(i, s.label), "status": "pending",
-                        "model_from": s.model_from, "steps": None, "metrics": {}, "tree": s.tree}
+                        "model_from": s.model_from, "role": s.role, "round": s.round, "steps": None, "metrics": {},
+                        "tree": s.tree}
                        for i, s in enumerate(pipe.stages)]}
 
 
@@ -91,11 +100,14 @@ def read_pipeline_run(run_dir: Path) -> PipelineConfig:
     record = read_pipeline(run_dir)
     if record is None:
         raise ConfigError(f"{run_dir} has no {PIPELINE_FILE}: it is not a pipeline run")
-    stages = tuple(PipelineStage(s["label"], build_config(s["tree"]), s["tree"], s["model_from"])
-                   for s in record["stages"])
+    stages: list[PipelineStage] = []
+    for s in record["stages"]:
+        cfg = build_config(checked_tree(s["label"], s["tree"], stages))
+        stages.append(PipelineStage(s["label"], cfg, s["tree"], s["model_from"], s.get("role"), s.get("round", 0)))
     run = stages[0].config.run.model_copy(update={"output_dir": str(Path(run_dir).parent),
                                                   "name": Path(run_dir).name})
-    return PipelineConfig(record["recipe"], record["description"], run, stages)
+    refresh = RefreshConfig.model_validate(record["refresh"]) if record.get("refresh") else None
+    return PipelineConfig(record["recipe"], record["description"], run, tuple(stages), refresh)
 
 
 def _final_metrics(run_dir: Path, steps: int) -> dict[str, Any]:
@@ -109,16 +121,16 @@ def _final_metrics(run_dir: Path, steps: int) -> dict[str, Any]:
     return merged
 
 
-def export_final(cfg: Config, run_dir: Path) -> Path:
-    """The stage's final checkpoint as `run_dir/model/`, a transformers directory (written aside, then renamed), as
-    `lmrl export` writes it: a reward-model stage's score head makes it a sequence classifier. The checkpoint it
-    came from is recorded beside it (`EXPORTED_FROM`), so a stage that trained on after an export (a resume that
-    extended it) is exported again."""
+def export_final(cfg: Config, run_dir: Path, checkpoint: Path | None = None) -> Path:
+    """The stage's final checkpoint (or `checkpoint`) as `run_dir/model/`, a transformers directory (written
+    aside, then renamed), as `lmrl export` writes it: a reward-model stage's score head makes it a sequence
+    classifier. The checkpoint it came from is recorded beside it (`EXPORTED_FROM`), so a stage that trained on
+    after an export (a resume that extended it) is exported again."""
     from lmrl.learners.checkpoint import saved_module
     from lmrl.models.lora import export_merged
 
     out, tmp = run_dir / FINAL_MODEL, run_dir / f".{FINAL_MODEL}.tmp"
-    found = latest_checkpoint(run_dir / "checkpoints")
+    found = checkpoint or latest_checkpoint(run_dir / "checkpoints")
     if found is None:
         raise RuntimeError(f"{run_dir} finished without a checkpoint to start the next stage from")
     if out.is_dir() and (out / EXPORTED_FROM).is_file() and (out / EXPORTED_FROM).read_text() == found.name:
@@ -155,7 +167,7 @@ def stage_config(pipe: PipelineConfig, index: int, root: Path, overrides: list[s
             if weights_needed:
                 raise RuntimeError(f"stage {stage.label!r} starts from {source}, which is missing")
             source = None
-    return placed(stage, index, root, str(source) if source is not None else None, overrides), False
+    return placed(pipe, index, root, str(source) if source is not None else None, overrides), False
 
 
 def train_pipeline(pipe: PipelineConfig, resume: Path | None = None, overrides: list[str] = ()) -> PipelineResult:
@@ -177,6 +189,8 @@ def train_pipeline(pipe: PipelineConfig, resume: Path | None = None, overrides: 
         _write_record(root, record)
     result = PipelineResult(root)
     for i, (stage, entry) in enumerate(zip(pipe.stages, record["stages"])):
+        if entry["status"] == SKIPPED:
+            continue
         folder = root / entry["dir"]
         result.stages[stage.label] = folder
         if entry["status"] != "done":
@@ -184,8 +198,16 @@ def train_pipeline(pipe: PipelineConfig, resume: Path | None = None, overrides: 
             entry["status"] = "running"
             _write_record(root, record)
             done = train(cfg, resume=folder if started else None)
-            export_final(cfg, folder)
+            if stage.role == "policy":
+                from lmrl.loops.refresh import refresh_after  # it builds on this module
+
+                entry["refresh"] = refresh_after(pipe, i, root, cfg, folder)
+            else:
+                export_final(cfg, folder)
             entry.update(status="done", steps=done.steps, metrics=_final_metrics(folder, done.steps))
+            if entry.get("refresh", {}).get("over_optimised") is False:  # the proxy held: no further round
+                for later in record["stages"][i + 1:]:
+                    later["status"] = SKIPPED
             _write_record(root, record)
         result.metrics[stage.label] = entry["metrics"]
         result.model = folder / FINAL_MODEL
