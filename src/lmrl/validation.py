@@ -320,11 +320,15 @@ def _knob_sites(cfg: Config) -> list[tuple[str, Any, str, dict, dict]]:
 
 def _params(cfg: Config) -> None:
     """Every component's params bind to its signature as the run calls it: a misspelt knob fails here,
-    naming the nearest valid one, not on every sample at run time (registry.check_knobs)."""
+    naming the nearest valid one, not on every sample at run time (registry.check_knobs). An entry that
+    defines `check_params(**knobs)` (a stateful reward built at run start) checks their values here too."""
     for key, registry, name, knobs, binding in _knob_sites(cfg):
         try:
             registry.check_knobs(name, knobs, **binding)
-        except KnobError as err:
+            check_values = getattr(registry.get(name), "check_params", None)
+            if check_values is not None:
+                check_values(**knobs)
+        except ValueError as err:
             raise ConfigError(f"{key}: {err}") from None
     record = SAMPLE_SOURCES.spec(cfg.data.demonstrations).params
     if record is not None:

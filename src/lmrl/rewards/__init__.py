@@ -3,7 +3,7 @@ from lmrl.rewards.compute import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, RewardSc
 from lmrl.rewards.functions import REWARD_FNS, answers_match, extract_answer
 import lmrl.rewards.judges  # noqa: F401  (registers the judge rewards)
 import lmrl.rewards.code  # noqa: F401  (registers code_tests)
-import lmrl.rewards.group, lmrl.rewards.novelty  # noqa: F401,E401  (registers the group rewards)
+import lmrl.rewards.group, lmrl.rewards.novelty, lmrl.rewards.pared  # noqa: F401,E401  (registers the group rewards)
 import lmrl.rewards.shaped, lmrl.rewards.aggregations  # noqa: F401,E401  (registers shaped rewards and aggregations)
 import lmrl.rewards.env_reward  # noqa: F401,E402  (registers the env reward)
 import lmrl.rewards.coact, lmrl.rewards.seif  # noqa: F401,E401,E402  (register CoAct and SEIF)
