@@ -207,8 +207,9 @@ def _check_pipeline(pipe: PipelineConfig, resume: Path | None, overrides: list[s
     import yaml
 
     from lmrl.eval.stage_logs import read_pipeline
-    from lmrl.loops.pipeline import check_resume_overrides, new_pipeline_dir, stage_config
+    from lmrl.loops.pipeline import check_resume_overrides, new_pipeline_dir, stage_config, stage_output
     from lmrl.loops.setup import preflight
+    from lmrl.recipe_files import references
 
     root = resume if resume is not None else new_pipeline_dir(pipe, dry_run=True)
     if resume is not None:
@@ -220,7 +221,10 @@ def _check_pipeline(pipe: PipelineConfig, resume: Path | None, overrides: list[s
             continue
         start = f"from stage {stage.model_from}'s final weights" if stage.model_from else stage.config.model.path
         cfg, started = stage_config(pipe, i, root, overrides, weights_needed=False)
-        checked = preflight(cfg, resume=root if started else None)
+        unwritten = [f"stage {ref['from']}'s {ref['file']}" for ref in references(stage.tree) if ref.get("file")
+                     and not stage_output(pipe, root, ref["from"], ref["file"]).exists()]
+        checked = preflight(cfg, resume=root if started else None) if not unwritten else \
+            f"settings checked; its data is {', '.join(unwritten)}, written when that stage runs"
         console.print(f"stage {i + 1} {stage.label} (model {start}): checked: {checked}", soft_wrap=True,
                       highlight=False)
         print(f"# stage {i + 1}: {stage.label}\n" + yaml.safe_dump(stage_summary(cfg, stage.model_from),

@@ -20,6 +20,7 @@ from lmrl.config import Config, ConfigError, PipelineConfig, PipelineStage, Refr
 from lmrl.eval.stage_logs import PIPELINE_FILE, STAGES_DIR, read_pipeline
 from lmrl.loading import build_config, checked_tree, load_run_config
 from lmrl.loops.dispatch import train
+from lmrl.loops.refresh import refresh_after
 from lmrl.loops.run_dir import new_run_path, remove_run, run_entries
 from lmrl.models.checkpoint_dirs import latest_checkpoint
 from lmrl.recipe_files import parse_override, resolve_references, set_dotted
@@ -199,9 +200,9 @@ def train_pipeline(pipe: PipelineConfig, resume: Path | None = None, overrides: 
             _write_record(root, record)
             done = train(cfg, resume=folder if started else None)
             if stage.role == "policy":
-                from lmrl.loops.refresh import refresh_after  # it builds on this module
-
-                entry["refresh"] = refresh_after(pipe, i, root, cfg, folder)
+                rm_dir = root / stage_folder(i - 1, pipe.stages[i - 1].label)
+                entry["refresh"] = refresh_after(cfg, folder, pipe.refresh.feedback_groups, rm_dir,
+                                                 lambda checkpoint: export_final(cfg, folder, checkpoint))
             else:
                 export_final(cfg, folder)
             entry.update(status="done", steps=done.steps, metrics=_final_metrics(folder, done.steps))

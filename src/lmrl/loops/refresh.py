@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from lmrl.config import FEEDBACK_FILE, Config, PipelineConfig, StopRule
+from lmrl.config import FEEDBACK_FILE, Config, StopRule
 from lmrl.loading import load_run_config
-from lmrl.loops.pipeline import export_final, stage_folder
 from lmrl.loops.stopping import StopWatch
 from lmrl.models.checkpoint_dirs import list_checkpoints
 
@@ -54,26 +53,27 @@ def _records(path: Path) -> list[str]:
     return [line for line in path.read_text().splitlines() if line.strip()]
 
 
-def refresh_after(pipe: PipelineConfig, index: int, root: Path, cfg: Config, folder: Path) -> dict[str, Any]:
-    """After policy stage `index` trained: roll it back and write the next round's data if it over-optimised,
-    else export its final weights. Returns what happened, as pipeline.json records it. Running it again (a
-    resumed pipeline) gives the same result."""
+def refresh_after(cfg: Config, folder: Path, feedback_groups: int, reward_model_dir: Path,
+                  export: Callable[[Path | None], Path]) -> dict[str, Any]:
+    """After the policy stage `cfg` trained in `folder`: roll it back and write the next round's data if it
+    over-optimised, else export its final weights (`export(checkpoint)`, None: the last; `reward_model_dir`: this
+    round's reward-model stage, whose data the feedback extends). Returns what happened, as pipeline.json records
+    it. Running it again (a resumed pipeline) gives the same result."""
     rule = drop_rule(cfg)
     evals = evaluations(folder, rule)
     fired = over_optimised_at(rule, evals)
     if fired is None:
-        export_final(cfg, folder)
+        export(None)
         return {"over_optimised": False}
     checkpoints = {int(p.name.split("-")[1]): p for p in list_checkpoints(folder / "checkpoints")}
     best = best_checkpointed(rule, evals, fired, set(checkpoints))
     if best is None:
         raise RuntimeError(f"{folder}: {rule.metric} fell at step {fired}, before any evaluated checkpoint to roll "
                            "back to; evaluate and checkpoint earlier (eval.every, run.checkpoint_every)")
-    export_final(cfg, folder, checkpoints[best])
+    export(checkpoints[best])
     fresh = [line for line in _records(folder / "rollouts.jsonl") if json.loads(line)["step"] == best + 1]
-    fresh = fresh[: pipe.refresh.feedback_groups]
-    reward_model = pipe.stages[index - 1]
-    earlier = _records(Path(load_run_config(root / stage_folder(index - 1, reward_model.label)).batches.dataset))
+    fresh = fresh[:feedback_groups]
+    earlier = _records(Path(load_run_config(reward_model_dir).batches.dataset))
     tmp = folder / f".{FEEDBACK_FILE}.tmp"
     tmp.write_text("".join(line + "\n" for line in [*earlier, *fresh]))
     os.replace(tmp, folder / FEEDBACK_FILE)
