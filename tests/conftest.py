@@ -41,6 +41,21 @@ def tiny_model(tokenizer):
     return tiny_llama(vocab_size=len(tokenizer), hidden=32, layers=2, heads=4, seed=0)
 
 
+class ScriptedJudge:
+    """A stand-in for JudgeClient: `respond(prompt_text, request_fields)` gives each reply; calls are recorded."""
+
+    def __init__(self, respond):
+        self.respond, self.calls = respond, []
+
+    def chat(self, messages, **fields):
+        self.calls.append((messages[-1]["content"], fields))
+        return self.respond(messages[-1]["content"], fields)
+
+    def chat_many(self, conversations, per_call=None, **fields):
+        extras = per_call or [{}] * len(conversations)
+        return [self.chat(c, **fields, **(extra or {})) for c, extra in zip(conversations, extras)]
+
+
 def write_toy_task(path: Path, n: int = 64) -> Path:
     """Prompts 'say 7' with gold answer 7: a toy task a random model can learn in seconds."""
     rows = [{"question": f"q{i % 10} say 7", "answer": "7"} for i in range(n)]

@@ -1,12 +1,20 @@
-"""Task files written with a model before training, from a recipe and its overrides:
+"""Task files written before training, from a recipe and its overrides or from recorded data:
 
     python -m lmrl.task_files peers RECIPE OUT.jsonl --model PEER [--samples 4] [--rows N] [overrides]
     python -m lmrl.task_files hints RECIPE OUT.jsonl [overrides] [--samples 8] [--delta 0.03] [--rows N]
+    python -m lmrl.task_files judge_rows OUT.jsonl --rollouts RUN/rollouts.jsonl [--max-candidates 4]
+        [--reward-range 0 1] [--seed 0]
+    python -m lmrl.task_files judge_rows OUT.jsonl --pairs PAIRS.jsonl [--chosen-score 7] [--rejected-score 3]
+    python -m lmrl.task_files rubric_rows OUT.jsonl --current RUN/rollouts.jsonl [--earlier RUN0/rollouts.jsonl]
 
 `peers`: the recipe's training rows with another model's rollouts, for Mutual RL's PRP
 (`data.demonstrations: peers`, lmrl.data.peers). `hints`: each row's knowledge points chosen by the
-recipe's own policy, for KnowRL (`data.demonstrations: hints`, lmrl.data.hints). Each command loads
+recipe's own policy, for KnowRL (`data.demonstrations: hints`, lmrl.data.hints). Each of these loads
 the config, the model and the task as a run would, then writes one JSON line per training row.
+`judge_rows`: GRRM judge prompts over a run's recorded groups (or preference pairs) with their
+reference scores, for the `grrm_judge` recipe; `rubric_rows`: EVOLM's rubric-writing prompts with a
+newer and an older reply of each prompt, for the `evolm_generator` recipe (lmrl.data.judge_rows,
+docs/stages/judges.md). These read files only; no model loads.
 """
 from __future__ import annotations
 
@@ -60,6 +68,60 @@ def hints(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     return 0
 
 
+def _records(p: argparse.ArgumentParser, path: Path, what: str) -> list[dict]:
+    from lmrl.data.sft import read_records
+    from lmrl.envs.tasks import TaskError
+
+    try:
+        return list(read_records(str(path), key=what))
+    except TaskError as err:
+        p.error(str(err))
+
+
+def _skipped(skipped) -> str:
+    return f" ({', '.join(f'{n} {why}' for why, n in sorted(skipped.items()))} skipped)" if skipped else ""
+
+
+def judge_rows(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    from lmrl.data.judge_rows import grrm_rows_from_pairs, grrm_rows_from_rollouts
+    from lmrl.envs.tasks import TaskError
+
+    if (a.rollouts is None) == (a.pairs is None):
+        p.error("give one source: --rollouts RUN/rollouts.jsonl or --pairs PAIRS.jsonl")
+    try:
+        if a.rollouts is not None:
+            rows, skipped = grrm_rows_from_rollouts(_records(p, a.rollouts, "--rollouts"), a.seed, a.max_candidates,
+                                                    a.max_score, *a.reward_range)
+        else:
+            rows, skipped = grrm_rows_from_pairs(_records(p, a.pairs, "--pairs"), a.seed, a.chosen_score,
+                                                 a.rejected_score, a.max_score), {}
+    except (TaskError, ValueError) as err:
+        p.error(str(err))
+    if not rows:
+        p.error(f"no judge rows: every group was skipped{_skipped(skipped)}")
+    write_rows(a.out, rows)
+    print(f"{len(rows)} judge rows written to {a.out}{_skipped(skipped)}")
+    return 0
+
+
+def rubric_rows(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    from lmrl.data.judge_rows import rubric_rows as make_rows
+    from lmrl.envs.tasks import TaskError
+
+    earlier = a.earlier or a.current
+    one_run = earlier.resolve() == a.current.resolve()
+    try:
+        rows, skipped = make_rows(_records(p, a.current, "--current"), _records(p, earlier, "--earlier"), a.seed,
+                                  one_run)
+    except TaskError as err:
+        p.error(str(err))
+    if not rows:
+        p.error(f"no rubric rows: no prompt has a newer and an older reply{_skipped(skipped)}")
+    write_rows(a.out, rows)
+    print(f"{len(rows)} rubric rows written to {a.out}{_skipped(skipped)}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lmrl.task_files", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -80,6 +142,25 @@ def parser() -> argparse.ArgumentParser:
     hi.add_argument("--delta", type=float, default=0.03, help="accuracy a subset may lose against all points")
     hi.add_argument("--rows", type=int, help="only the first ROWS training prompts")
     hi.set_defaults(fn=hints, sub=hi)
+    ju = sub.add_parser("judge_rows", help="GRRM judge prompts with reference scores, to train a judge (grrm_judge)")
+    ju.add_argument("out", type=Path)
+    ju.add_argument("--rollouts", type=Path, help="a run's RUN/rollouts.jsonl (run.save_rollouts=true)")
+    ju.add_argument("--pairs", type=Path, help="a preference dataset: prompt, chosen, rejected")
+    ju.add_argument("--max-candidates", type=int, default=4, help="candidates per judge prompt (a seeded choice)")
+    ju.add_argument("--reward-range", type=float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
+                    help="recorded rewards mapped linearly onto 0..--max-score")
+    ju.add_argument("--max-score", type=int, default=10, help="top of the judge's score scale")
+    ju.add_argument("--chosen-score", type=int, default=7, help="--pairs: the chosen reply's reference score")
+    ju.add_argument("--rejected-score", type=int, default=3, help="--pairs: the rejected reply's reference score")
+    ju.add_argument("--seed", type=int, default=0, help="the candidates' shuffled order")
+    ju.set_defaults(fn=judge_rows, sub=ju)
+    ru = sub.add_parser("rubric_rows", help="EVOLM rubric prompts with a newer and an older reply (evolm_generator)")
+    ru.add_argument("out", type=Path)
+    ru.add_argument("--current", type=Path, required=True, help="the current policy's RUN/rollouts.jsonl: y+")
+    ru.add_argument("--earlier", type=Path, help="an earlier checkpoint's rollouts.jsonl: y- (default: --current, "
+                                                 "its first step against its last)")
+    ru.add_argument("--seed", type=int, default=0, help="the choice among a step's replies")
+    ru.set_defaults(fn=rubric_rows, sub=ru)
     return p
 
 

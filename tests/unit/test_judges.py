@@ -3,6 +3,7 @@ import math
 
 import pytest
 
+from conftest import ScriptedJudge
 from lmrl.config import RewardComponent, RewardConfig
 from lmrl.rewards import GROUP_REWARD_FNS, REWARD_FNS, RewardScorer
 from lmrl.rewards.judge_client import JudgeClient, JudgeError, JudgeResponseError
@@ -10,20 +11,6 @@ from lmrl.rewards.judge_scoring import (break_preference_cycles, evolm_generator
                                         grrm_score_reward, majority, overlong_penalty, parse_criteria, rubric_score,
                                         token_f1)
 from lmrl.types import Group, Sample
-
-
-class ScriptedJudge:
-    """A stand-in for JudgeClient: `respond(prompt_text, request_fields)` gives each reply; calls are recorded."""
-
-    def __init__(self, respond):
-        self.respond, self.calls = respond, []
-
-    def chat(self, messages, **fields):
-        self.calls.append((messages[-1]["content"], fields))
-        return self.respond(messages[-1]["content"], fields)
-
-    def chat_many(self, conversations, per_call=None, **fields):
-        return [self.chat(c, **fields, **(extra or {})) for c, extra in zip(conversations, per_call or [{}] * len(conversations))]
 
 
 def sample(text, question="Explain tides.", n_tokens=4, **row):

@@ -293,15 +293,46 @@ def parse_score(text: str, low: float, high: float) -> float:
     raise JudgeResponseError(f"no score in [{low}, {high}] in judge reply {text[:200]!r}")
 
 
-def parse_letter_scores(text: str, letters: str, low: float = 0, high: float = 10) -> dict[str, float]:
-    """GRRM's score line: the last line holding 'A: 8, B: 3, …' for every letter."""
+LETTER_SCORE = re.compile(r"\b([A-Z])\s*[:=]\s*(-?\d+(?:\.\d+)?)")
+RANKING_LINE = re.compile(r"^\W*ranking\s*[:=]\s*(.*?)\W*$", re.I)
+
+
+def parse_letter_scores(text: str, letters: str, low: float = 0, high: float = 10,
+                        exact: bool = False) -> dict[str, float]:
+    """GRRM's score line: the last line holding 'A: 8, B: 3, …' for every letter.
+
+    `exact`: the last line holding any 'X: n' must name each letter once and no other (a judge being
+    trained cannot hedge with extra, repeated or missing candidates)."""
     for line in reversed(strip_reasoning(text).splitlines()):
-        pairs = dict(re.findall(r"\b([A-Z])\s*[:=]\s*(-?\d+(?:\.\d+)?)", line))
+        found = LETTER_SCORE.findall(line)
+        if exact and found:
+            named = [c for c, _ in found]
+            if sorted(named) != sorted(letters):
+                raise JudgeResponseError(f"the score line names {named}, not each of {', '.join(letters)} once: "
+                                         f"{line[:200]!r}")
+        pairs = dict(found)
         if all(c in pairs for c in letters):
             scores = {c: float(pairs[c]) for c in letters}
             if all(low <= v <= high for v in scores.values()):
                 return scores
+        if exact and found:
+            break
     raise JudgeResponseError(f"no score line for {', '.join(letters)} in judge reply {text[:200]!r}")
+
+
+def parse_ranking(text: str, letters: str) -> str:
+    """GRRM's ranking line: the last 'Ranking: A > C = B', naming each letter once and no other."""
+    for line in reversed(strip_reasoning(text).splitlines()):
+        marked = RANKING_LINE.match(line)
+        if marked is None:
+            continue
+        order = re.sub(r"\s+", " ", marked.group(1)).strip()
+        named = re.findall(r"[A-Za-z]+", order)
+        if not re.fullmatch(r"[A-Z](?: ?[>=] ?[A-Z])*", order) or sorted(named) != sorted(letters):
+            raise JudgeResponseError(f"the ranking line must order each of {', '.join(letters)} once with > and =: "
+                                     f"{line[:200]!r}")
+        return order
+    raise JudgeResponseError(f"no 'Ranking:' line in judge reply {text[:200]!r}")
 
 
 def parse_winner(text: str) -> str:

@@ -48,8 +48,8 @@ DYNAMIC = ("Here are {count} responses to the same prompt.\n\nPrompt:\n{prompt}\
            "{max_items} yes/no criteria that separate the better responses from the worse ones, each with a positive "
            'weight for its importance. Answer with a JSON list: [{{"criterion": "...", "weight": 3}}, ...]')
 GRRM = ("Here are {count} candidate responses to the same prompt.\n\nPrompt:\n{prompt}\n\n{responses}\n\n"
-        "Analyse them, rank them, and give each an integer score from 0 to {max_score}. "
-        "The last line must list every score, like 'A: 8, B: 3'.")
+        "Analyse them, rank them on a line like 'Ranking: B > A = C' (best first, '=' for a tie), and give each "
+        "an integer score from 0 to {max_score}. The last line must list every score, like 'A: 8, B: 3'.")
 PAIR = ("Which response answers the prompt better?\n\nPrompt:\n{prompt}\n\nResponse A:\n{a}\n\nResponse B:\n{b}\n\n"
         "End with 'Winner: A' or 'Winner: B'.")
 
@@ -82,6 +82,13 @@ def _listing(texts: list[str]) -> str:
     if len(texts) > len(LETTERS):
         raise ValueError(f"a judge call can compare at most {len(LETTERS)} responses (got {len(texts)})")
     return "\n\n".join(f"Response {LETTERS[i]}:\n{t}" for i, t in enumerate(texts))
+
+
+def grrm_prompt(prompt: str, candidates: list[str], max_score: int = 10, template: str | None = None) -> str:
+    """GRRM's judge prompt over `candidates` (Response A, B, …): what `judge_grrm` sends and what a
+    GRRM judge is trained on (`lmrl.data.judge_rows`)."""
+    return (template or GRRM).format(count=len(candidates), prompt=prompt, responses=_listing(candidates),
+                                     max_score=max_score)
 
 
 def _check_ask(ask: str) -> bool:
@@ -257,8 +264,7 @@ class GrrmReward(_Judge):
         if len(unique) < 2:
             return [self.default] * len(samples)
         prompt = prompt_text(samples[0], self.prompt_field)
-        reply = self.client.chat(_user(self.template.format(count=len(unique), prompt=prompt, responses=_listing(unique),
-                                                            max_score=self.max_score)))
+        reply = self.client.chat(_user(grrm_prompt(prompt, unique, self.max_score, self.template)))
         try:
             scores = parse_letter_scores(reply, LETTERS[: len(unique)], 0, self.max_score)
         except JudgeResponseError:
