@@ -267,7 +267,8 @@ def cmd_eval(args) -> int:
 
 def cmd_export(args) -> int:
     """A run's checkpoint as a plain transformers directory, LoRA adapters merged into the weights; a run
-    that trained a reward model's score head exports a sequence-classification model."""
+    that trained a reward model's score head exports a sequence-classification model (a process reward model's
+    step head: a token-classification model)."""
     from lmrl.learners.checkpoint import saved_module
     from lmrl.models.checkpoint_dirs import list_checkpoints
     from lmrl.models.lora import export_merged
@@ -283,7 +284,8 @@ def cmd_export(args) -> int:
     head = saved_module(by_step[step], "score_head")
     out = export_merged(by_step[step] / "model", cfg.model.path, cfg.model.lora, Path(args.merge),
                         score_weight=None if head is None else head["weight"])
-    kind = "a reward model (sequence classification)" if head is not None else "a causal LM"
+    kind = ("a causal LM" if head is None else "a reward model (sequence classification)"
+            if head["weight"].shape[0] == 1 else "a process reward model (token classification)")
     console.print(f"exported step {step} of {args.run} to {out} as {kind}", soft_wrap=True, highlight=False)
     return 0
 

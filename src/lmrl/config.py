@@ -146,7 +146,7 @@ class BatchesConfig(Section):
     # rollouts | online_pairs | sft | demonstrations | pairs | rollout_pairs | unpaired, or your own file.py:name
     source: str = "rollouts"
     dataset: str | None = None  # an offline source's data: a .jsonl/.json/.csv/.parquet file, a save_to_disk directory, a hub id
-    format: str = "auto"  # auto | messages | prompt_completion | text | preference | unpaired (docs/stages/sft.md)
+    format: str = "auto"  # auto | messages | prompt_completion | text | preference | unpaired | stepwise (docs/stages/sft.md)
     params: dict[str, Any] = Field(default_factory=dict)  # the source's knobs: split, eval_dataset, assistant_only, …
     size: int = Field(16, ge=1)  # rows (pairs, for pairs) per step
     max_tokens: int = Field(1024, ge=8)  # a row's tokens, prompt included; longer rows are cut (keeping the start)

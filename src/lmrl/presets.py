@@ -127,6 +127,8 @@ preset("kto", "KTO (β 0.1): desirable / undesirable rows against the batch's KL
     "batches.source": "unpaired", "algo.terms": [{"name": "kto"}]})
 preset("reward_model", "Bradley–Terry reward model: a scalar head trained on preference pairs", {
     "batches.source": "pairs", "algo.terms": [{"name": "bradley_terry"}]})
+preset("prm", "process reward model: a 2-class step head trained on the step ends of stepwise-labelled traces", {
+    "batches.source": "steps", "algo.terms": [{"name": "prm"}]})
 preset("online_dpo", "Online DPO: each prompt's best- and worst-rewarded rollouts as a pair, DPO (β 0.1) against "
                      "the frozen initial policy", {
     "batches.source": "online_pairs", "data.group_filter": "nonzero_std",

@@ -22,7 +22,7 @@ import torch
 from lmrl.algos.advantages import ADVANTAGES, outcome_to_token_rewards
 from lmrl.algos.aggregation import AggScale
 from lmrl.algos.critic import explained_variance
-from lmrl.algos.gather import gather, model_outputs_for, optional_inputs
+from lmrl.algos.gather import SCORE_HEAD_LABELS, gather, model_outputs_for, optional_inputs
 from lmrl.algos.losses import LOSSES, LossInputs
 from lmrl.algos.guards import Guard
 from lmrl.algos.state import build_state
@@ -89,12 +89,21 @@ class Algorithm:
     @property
     def needs(self) -> set[str]:
         """Model outputs the learner adds to `LossInputs.extras` in the training forward."""
-        return (self.term_inputs | self.loss_spec.requires) & {"values", "hidden", "score", "logits"}
+        return (self.term_inputs | self.loss_spec.requires) & {"values", "hidden", "score", "token_scores", "logits"}
 
     @property
     def score_head(self) -> bool:
-        """A reward model's scalar head is trained (a term reads its "score" of each row's last token)."""
-        return "score" in self.needs
+        """A reward model's head is trained: a term reads its "score" of each row's last token, or its
+        "token_scores" of each generated token (a process reward model's step head)."""
+        return bool(self.needs & SCORE_HEAD_LABELS.keys())
+
+    @property
+    def score_labels(self) -> int:
+        """The score head's number of labels: 1 for a scalar reward model, 2 (bad, good) for a step head."""
+        read = sorted(self.needs & SCORE_HEAD_LABELS.keys())
+        if len(read) > 1:
+            raise ValueError(f"the terms read both {read[0]!r} and {read[1]!r}: one score head serves one of them")
+        return SCORE_HEAD_LABELS[read[0]] if read else 0
 
     @property
     def hidden_layer(self) -> int:

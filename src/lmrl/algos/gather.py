@@ -13,9 +13,12 @@ import inspect
 from typing import Any, Iterable
 
 # Computed by the learner in the packed forward: value-head outputs [B,T], hidden states of the
-# generated positions [B,T,H], exact per-token entropies [B,T], and the reward model's scalar [B]
-# (its score head on each row's last token).
-MODEL_OUTPUTS = frozenset({"values", "hidden", "token_entropy", "score", "logits"})
+# generated positions [B,T,H], exact per-token entropies [B,T], the reward model's scalar [B]
+# (its score head on each row's last token), and a process reward model's class logits [B,T,2] (the
+# score head on each generated token's own position).
+MODEL_OUTPUTS = frozenset({"values", "hidden", "token_entropy", "score", "token_scores", "logits"})
+# the score head's outputs, each with its number of labels (the head's rows)
+SCORE_HEAD_LABELS = {"score": 1, "token_scores": 2}
 
 
 def model_outputs_for(names: Iterable[str]) -> set[str]:

@@ -14,6 +14,8 @@ Nothing predicts the first token of a sequence, so it is never trained; the prom
 - `preference`: `chosen` / `rejected`, with a `prompt` or sharing one (`encode_pair`: two Samples with
   the same prompt ids).
 - `unpaired`: `prompt`, `completion` and a boolean `label` (KTO; `encode_unpaired`).
+- `stepwise`: `prompt`, `completions` (a list of steps) and `labels` (one per step): a process reward model's
+  rows, encoded by `data.steps`.
 
 A record that leaves nothing to train (no assistant message, or nothing left within `max_tokens`) is not an
 error: the encoder returns `Skipped(reason)`, which the caller counts and reports once per reason.
@@ -27,16 +29,19 @@ from typing import Any
 
 from lmrl.data.conversations import conversation, encode_conversation, tool_list
 from lmrl.envs.tasks import TaskError, hf_records, read_jsonl
+from lmrl.recipe_files import RECIPES_DIR
 from lmrl.types import Origin, Sample
 
 # format -> the fields its records have (the first key set found wins, in this order)
 FORMATS: dict[str, tuple[str, ...]] = {
     "preference": ("chosen", "rejected"),
+    "stepwise": ("prompt", "completions", "labels"),
     "unpaired": ("prompt", "completion", "label"),
     "prompt_completion": ("prompt", "completion"),
     "messages": ("messages",),
     "text": ("text",),
 }
+SHIPPED_DATA = RECIPES_DIR / "data"  # small datasets the recipes train on, read by name
 ALIASES = {"conversations": "messages"}  # ShareGPT's column, read as `messages`
 NO_ASSISTANT = "had no assistant tokens to train on"
 EMPTY = "had an empty completion"
@@ -55,13 +60,21 @@ class Records(list):
         return f"{self.source}:{self.lines[i]}" if self.lines else f"{self.source}: row {i}"
 
 
+def shipped_or_local(dataset: str) -> Path:
+    """The dataset's path: a file or directory here, else the data file of that name shipped with the recipes
+    (`src/lmrl/recipes/data/`, e.g. `arithmetic_steps.jsonl`), else the name as given (a hub id)."""
+    path = Path(dataset).expanduser()
+    shipped = SHIPPED_DATA / dataset
+    return shipped if not path.exists() and path.name == dataset and shipped.is_file() else path
+
+
 def read_records(dataset: str, params: dict[str, Any] | None = None, key: str = "dataset") -> Records:
-    """The records of a dataset: a JSON-lines file (read line by line, so errors name the line), a
-    .json/.csv/.parquet file, a save_to_disk directory (a DatasetDict gives `params["split"]`, default "train")
-    or a hub id (`params` `subset`, `revision`). `key` names the setting in the errors."""
+    """The records of a dataset (`shipped_or_local`): a JSON-lines file (read line by line, so errors name the
+    line), a .json/.csv/.parquet file, a save_to_disk directory (a DatasetDict gives `params["split"]`, default
+    "train") or a hub id (`params` `subset`, `revision`). `key` names the setting in the errors."""
     params = params or {}
     split = params.get("split", "train")
-    path = Path(dataset).expanduser()
+    path = shipped_or_local(dataset)
     if path.suffix == ".jsonl":
         if split != "train":
             raise TaskError(f"{path}: a JSON-lines file has one split, so there is no split {split!r}")

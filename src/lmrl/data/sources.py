@@ -5,7 +5,8 @@ reward: the RL step, with advantages and the policy-gradient term. Every other s
 dataset read once, encoded into token ids once (`Sample`s of origin `DATASET`) and trained by the terms
 of `algo.terms` alone: `sft` (demonstrations, loss on the assistant's tokens), `pairs` (preference
 pairs, one group of [chosen, rejected] each, for DPO-family and reward-model terms) and `unpaired`
-(KTO's desirable / undesirable rows), `rollout_pairs` (pairs of an earlier run's recorded rollouts, its
+(KTO's desirable / undesirable rows), `steps` (stepwise-supervised traces labelled at each step's end, for a
+process reward model), `rollout_pairs` (pairs of an earlier run's recorded rollouts, its
 best- and worst-rewarded sample of each prompt, token ids as sampled) and `demonstrations` (the task's own rows with their reference
 completion, `task.demonstration`: an SFT cold start on the task RL trains next). An entry is a function
 `(config, tokenizer, task rows, held-out task rows) -> OfflineData`; its `BatchSourceSpec` says what the
@@ -25,7 +26,7 @@ from lmrl.data.replay import ReplayParams, replayed_samples
 from lmrl.types import Group, Origin, Sample
 
 
-ROW_LABELS = frozenset({"chosen", "pair", "desirable"})  # a row's preference labels, as terms read them
+ROW_LABELS = frozenset({"chosen", "pair", "desirable", "step_labels"})  # a row's labels, as terms read them
 PAIR_LABELS = frozenset({"chosen", "pair"})
 
 
@@ -82,11 +83,14 @@ def held_out(groups: list[Group], cfg: BatchesConfig) -> tuple[list[Group], list
     return groups[cfg.num_eval:], groups[: cfg.num_eval]
 
 
-def encoded_groups(cfg: BatchesConfig, tokenizer, formats: frozenset[str]) -> OfflineData:
+def encoded_groups(cfg: BatchesConfig, tokenizer, formats: frozenset[str], encode=None) -> OfflineData:
     """Read `batches.dataset` (held-out rows: `batches.params.eval_dataset` or `eval_split`), encode every record
     as one group (a pair: [chosen, rejected]), and hold `batches.num_eval` rows out (a seeded shuffle) when no
-    held-out source is given. Rows that leave nothing to train are counted by reason (`OfflineData.dropped`)."""
+    held-out source is given. Rows that leave nothing to train are counted by reason (`OfflineData.dropped`).
+    `encode`: the records' encoder (default `data.sft.encode_records`, which dispatches on the format)."""
     from lmrl.data.sft import detect_format, encode_records, read_records, skipped_summary
+
+    encode = encode or encode_records
 
     if cfg.dataset is None:
         raise ValueError(f"batches.source={cfg.source} reads an offline dataset: set batches.dataset")
@@ -99,7 +103,7 @@ def encoded_groups(cfg: BatchesConfig, tokenizer, formats: frozenset[str]) -> Of
         if fmt not in formats:
             raise ValueError(f"{key} {name} is in the {fmt} format; batches.source={cfg.source} reads "
                              f"{', '.join(sorted(formats))}")
-        items, skipped = encode_records(records, fmt, tokenizer, cfg.max_tokens, assistant_only)
+        items, skipped = encode(records, fmt, tokenizer, cfg.max_tokens, assistant_only)
         dropped.update(skipped)
         return [Group(f"{prefix}{i}", item[0].row if isinstance(item, tuple) else item.row,
                       list(item) if isinstance(item, tuple) else [item]) for i, item in enumerate(items)]
@@ -134,6 +138,22 @@ def pairs(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> Of
                         formats={"unpaired"}, labels={"desirable"})
 def unpaired(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> OfflineData:
     return encoded_groups(cfg.batches, tokenizer, BATCH_SOURCES.spec("unpaired").formats)
+
+
+@BATCH_SOURCES.register("steps", "stepwise-supervised traces (prompt, completions: steps, labels: one per step, TRL's "
+                        "format): each step's label on its last token, for a process reward model",
+                        formats={"stepwise"}, labels={"step_labels"})
+def steps(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> OfflineData:
+    """`data.steps`: `batches.params` `separator` (default "\\n"), `max_completion_tokens` (default none) and
+    `last_step_only` (default false: TRL's train_on_last_step_only, the held-out rows keep every label)."""
+    from lmrl.data.steps import DEFAULT_SEPARATOR, last_step_only, step_encoder
+
+    params = cfg.batches.params
+    encode = step_encoder(params.get("max_completion_tokens"), params.get("separator", DEFAULT_SEPARATOR))
+    data = encoded_groups(cfg.batches, tokenizer, BATCH_SOURCES.spec("steps").formats, encode)
+    if params.get("last_step_only", False):
+        data.train = [replace(g, samples=[last_step_only(x) for x in g.samples]) for g in data.train]
+    return data
 
 
 @BATCH_SOURCES.register("demonstrations", "the task's own rows, each with its reference completion "

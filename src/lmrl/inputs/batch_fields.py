@@ -99,3 +99,14 @@ def preference_labels(batch: Batch, ctx: InputContext) -> None:
         batch.row_extras["margin"] = torch.tensor([float(i["margin"]) for i in info])
     if all("desirable" in i for i in info):
         batch.row_extras["desirable"] = torch.tensor([1.0 if i["desirable"] else 0.0 for i in info])
+
+
+@PROVIDERS.register("step_labels", "a stepwise source's labels (`data.steps`): `step_labels` [B, T-1], the probability "
+                    "that the step ending at each token is correct (0.0 off the step ends, which the loss mask marks)",
+                    needs={"samples"}, provides={"step_labels"})
+def step_labels(batch: Batch, ctx: InputContext) -> None:
+    labels = torch.zeros_like(batch.completion_mask)
+    for row, x in enumerate(ctx.samples):
+        start = len(x.prompt_ids) - 1
+        labels[row, start: start + len(x.completion_ids)] = torch.tensor(x.info["step_labels"], dtype=labels.dtype)
+    batch.extras["step_labels"] = labels

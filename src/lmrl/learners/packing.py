@@ -5,7 +5,8 @@ causally to itself, never to its siblings; its position ids continue from the pr
 forward pass therefore gives exactly the per-sample log-probs of separate rows, while the prompt's
 tokens are processed once per group instead of G times (GRPO groups share their prompt). Only the
 positions that predict a generated token reach the LM head; each row's last token (`last_row`,
-`last_pos`) is where a sequence-level head (the reward model's score) reads it.
+`last_pos`) is where a sequence-level head (the reward model's score) reads it, and each generated
+token's own position (`own_pos`) where a per-token head (a process reward model's) reads it.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class PackedBatch:
     dst_row: torch.Tensor  # [N] the Batch row this prediction belongs to
     dst_t: torch.Tensor  # [N] its (shifted) position in that Batch row
     targets: torch.Tensor  # [N] the token being predicted
+    own_pos: torch.Tensor  # [N] the predicted token's own position in the packed row (a per-token head reads it)
     lengths: list[int]  # packed row lengths
     last_row: torch.Tensor  # [b] packed row holding each Batch row's last token
     last_pos: torch.Tensor  # [b] that token's position in the packed row
@@ -62,7 +64,7 @@ def pack(batch: Batch, units: list[list[int]], pad_id: int, bins: list[list[int]
     ids = torch.full((n, width), pad_id, dtype=torch.long)
     pos = torch.zeros((n, width), dtype=torch.long)
     mask = torch.zeros((n, 1, width, width), dtype=torch.bool)
-    src_row, src_pos, dst_row, dst_t, targets = [], [], [], [], []
+    src_row, src_pos, dst_row, dst_t, targets, own_pos = [], [], [], [], [], []
     last_row, last_pos = [0] * batch.num_rows, [0] * batch.num_rows
     causal = torch.ones((width, width), dtype=torch.bool).tril()
     for i, members in enumerate(bins):
@@ -91,13 +93,14 @@ def pack(batch: Batch, units: list[list[int]], pad_id: int, bins: list[list[int]
                 dst_row += [r] * c
                 dst_t += list(range(p - 1, p - 1 + c))
                 targets += comp.tolist()
+                own_pos += list(range(cursor, cursor + c))
                 last_row[r], last_pos[r] = i, cursor + c - 1 if c else start + p - 1
                 cursor += c
         for j in range(cursor, width):  # padding attends to itself only (no empty softmax rows)
             mask[i, 0, j, j] = True
     as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
     return PackedBatch(ids, pos, mask, as_long(src_row), as_long(src_pos), as_long(dst_row), as_long(dst_t),
-                       as_long(targets), lengths, as_long(last_row), as_long(last_pos))
+                       as_long(targets), as_long(own_pos), lengths, as_long(last_row), as_long(last_pos))
 
 
 def unit_bins(batch: Batch, units: list[list[int]]) -> list[list[int]]:

@@ -4,7 +4,8 @@ It is blind to the algorithm: it asks it to prepare advantages and to score micr
 (`Algorithm.objective`), and only handles tensors, precision, memory and the optimiser. Beyond
 log-probs, the packed forward can give the model outputs an algorithm declares (`MODEL_OUTPUTS`:
 value-head values, hidden states, exact token entropies) at the generated positions, and a reward
-model's score at each row's last token; the value head and the score head are `Linear(hidden, 1)`
+model's score at each row's last token (or, for a process reward model, its class logits at each
+generated token); the value head `Linear(hidden, 1)` and the score head `Linear(hidden, labels)` are
 layers the learner owns when asked for a critic or a score head.
 
 Data-parallel training goes through `parallel` (`lmrl.dist`): which rows this process trains on,
@@ -41,15 +42,16 @@ class Learner:
 
     `critic_lr` is the value head's learning rate; with `critic_shares_trunk` the value loss also
     reaches the policy's layers, otherwise the head reads detached hidden states. `score_head`: a
-    reward model's scalar head (`score_head_for`), trained with the policy's learning rate and
-    clipped with it, as one model. The reference is a frozen copy of the model, or for a peft model
+    reward model's head (`score_head_for`) with that many labels (true or 1: a scalar; 2: a process
+    reward model's bad/good classes), trained with the policy's learning rate and clipped with it, as
+    one model. The reference is a frozen copy of the model, or for a peft model
     the model itself with its adapters disabled.
     `parallel`: the data-parallel hooks (default: one process); replicas start from rank 0's weights.
     """
 
     def __init__(self, model, cfg: TrainerConfig, temperature: float = 1.0, needs_reference: bool = False,
                  bf16: bool = False, critic: bool = False, critic_lr: float = 1e-3, critic_shares_trunk: bool = False,
-                 score_head: bool = False, parallel: Parallel | None = None):
+                 score_head: bool | int = False, parallel: Parallel | None = None):
         self.parallel = parallel or Parallel()
         self.parallel.broadcast(model.parameters())
         self.model = model
@@ -70,7 +72,7 @@ class Learner:
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
             groups.append({"params": list(self.value_head.parameters()), "lr": critic_lr, "weight_decay": 0.0})
-        self.score_head = score_head_for(model, cfg.seed).to(self.device) if score_head else None
+        self.score_head = score_head_for(model, cfg.seed, int(score_head)).to(self.device) if score_head else None
         if self.score_head is not None:
             groups.append({"params": list(self.score_head.parameters())})
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
@@ -112,7 +114,10 @@ class Learner:
         [b, T-1] from the value head, "hidden" [b, T-1, H] (detached; `hidden_layer` indexes the
         decoder's hidden states), "token_entropy" [b, T-1] (detached), "score" [b] from the score
         head on the final-norm hidden state of each row's last token (its last position with
-        attention 1, as transformers' `*ForSequenceClassification` pools a right-padded row), "logits"
+        attention 1, as transformers' `*ForSequenceClassification` pools a right-padded row),
+        "token_scores" [b, T-1, labels] from the score head on the final-norm hidden state of each
+        generated token's own position (position t: token t+1, the logits transformers'
+        `*ForTokenClassification` gives that token), "logits"
         [b, T-1, V] the full vocabulary's logits before the temperature (with their gradient; zero off
         the generated positions).
         Position t is the one that predicts token t+1, as for the log-probs. Rows are packed
@@ -162,6 +167,11 @@ class Learner:
                 raise ValueError("score was asked for but this learner has no score head (score_head=False)")
             last = out.last_hidden_state[packed.last_row.to(self.device), packed.last_pos.to(self.device)]
             result["score"] = self.score_head(last.float()).squeeze(-1)
+        if "token_scores" in outputs:
+            if self.score_head is None:
+                raise ValueError("token_scores were asked for but this learner has no score head (score_head=0)")
+            own = out.last_hidden_state[packed.src_row.to(self.device), packed.own_pos.to(self.device)]
+            result["token_scores"] = scatter(self.score_head(own.float()))
         return result
 
     @torch.no_grad()
@@ -446,12 +456,13 @@ class StreamedUpdate:
                                [norms[1]] if norms else [], int(norms is None), self.inert / max(self.rows, 1))
 
 
-def score_head_for(model, seed: int) -> torch.nn.Linear:
-    """A reward model's scalar head, `Linear(hidden, 1, bias=False)` on the CPU, initialised as transformers
-    initialises a sequence-classification head (normal, std = the config's `initializer_range`), from
-    a generator seeded with `seed` so that runs are reproducible."""
+def score_head_for(model, seed: int, labels: int = 1) -> torch.nn.Linear:
+    """A reward model's head, `Linear(hidden, labels, bias=False)` on the CPU (1 label: a scalar RM; 2: a
+    process RM's bad/good classes), initialised as transformers initialises a classification head (normal,
+    std = the config's `initializer_range`), from a generator seeded with `seed` so that runs are
+    reproducible."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    head = torch.nn.Linear(config.hidden_size, 1, bias=False)
+    head = torch.nn.Linear(config.hidden_size, labels, bias=False)
     std = getattr(config, "initializer_range", None) or 0.02
     with torch.no_grad():
         head.weight.normal_(0.0, std, generator=torch.Generator().manual_seed(seed))

@@ -125,8 +125,9 @@ def _final_metrics(run_dir: Path, steps: int) -> dict[str, Any]:
 def export_final(cfg: Config, run_dir: Path, checkpoint: Path | None = None) -> Path:
     """The stage's final checkpoint (or `checkpoint`) as `run_dir/model/`, a transformers directory (written
     aside, then renamed), as `lmrl export` writes it: a reward-model stage's score head makes it a sequence
-    classifier. The checkpoint it came from is recorded beside it (`EXPORTED_FROM`), so a stage that trained on
-    after an export (a resume that extended it) is exported again."""
+    classifier (a process reward model's step head, a token classifier). The checkpoint it came from is
+    recorded beside it (`EXPORTED_FROM`), so a stage that trained on after an export (a resume that extended
+    it) is exported again."""
     from lmrl.learners.checkpoint import saved_module
     from lmrl.models.lora import export_merged
 

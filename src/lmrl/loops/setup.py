@@ -102,7 +102,7 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
     learner = Learner(model, cfg.trainer, temperature, needs_reference=algorithm.needs_reference,
                       bf16=resolve_bf16(cfg.trainer.bf16, pieces.device), critic=algorithm.critic,
                       critic_lr=cfg.algo.critic_lr, critic_shares_trunk=cfg.algo.critic_shares_trunk,
-                      score_head=algorithm.score_head, parallel=parallel)
+                      score_head=algorithm.score_labels, parallel=parallel)
     generator = torch.Generator().manual_seed(cfg.trainer.seed)
     bind_probe(sampler, cfg, engine, model, generator)  # a sampler that checks prompts with the policy
     scorer = RewardScorer(cfg.reward)

@@ -5,7 +5,7 @@ adapters disabled) is the reference policy, with no second copy of the model. A 
 LoRA run holds the adapters (peft's `adapter_model.safetensors` and `adapter_config.json`); the
 export folds them into the base weights (`weights.inference_weights`) and writes a plain
 transformers directory: a causal LM, or for a reward model (a run with a score head) a
-sequence-classification model (`sequence_classifier.py`).
+sequence-classification model, for a process reward model a token-classification one (`sequence_classifier.py`).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 
 from lmrl.config import ConfigError, LoraConfig
 from lmrl.models.loading import load_model, resolve_model_path
-from lmrl.models.sequence_classifier import as_sequence_classifier, pad_token_id_of
+from lmrl.models.sequence_classifier import as_classifier, pad_token_id_of
 from lmrl.models.weights import inference_weights, is_peft
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -77,7 +77,7 @@ def export_merged(checkpoint_model: Path, base_path: str, lora: LoraConfig | Non
     A full fine-tuning checkpoint already is one and is copied. A LoRA checkpoint's adapters are
     loaded onto the base model (`base_path`, the run's `model.path`) and folded into its weights.
     With `score_weight` (a reward model's score head, [1, H]) the directory is a sequence-classification
-    model instead, its config's `pad_token_id` the token `pad_token_id_of` picks (never the one that ends
+    model instead (a process reward model's [2, H]: a token-classification model), its config's `pad_token_id` the token `pad_token_id_of` picks (never the one that ends
     the rows it scores), which the saved tokenizer then also pads with, so any caller's padding pools right.
     """
     out = Path(out)
@@ -95,7 +95,7 @@ def export_merged(checkpoint_model: Path, base_path: str, lora: LoraConfig | Non
         pad = pad_token_id_of(tokenizer)
         if pad is not None:
             tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad)
-        model = as_sequence_classifier(model, score_weight, pad)
+        model = as_classifier(model, score_weight, pad)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
