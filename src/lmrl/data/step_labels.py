@@ -128,6 +128,8 @@ def label_steps(cfg, rows: list[dict], engine, tokenizer, solutions: int = 4, k:
     `report`: where the grader's first problem is shown (default stderr); `advance(1)` after each prompt."""
     if solutions < 1 or k < 1 or (max_steps is not None and max_steps < 1):
         raise ValueError("solutions, k and max_steps must be >= 1")
+    if not separator:
+        raise ValueError("the step separator must not be empty")
     started = time.perf_counter()
     params, component = sampling_params(cfg), cfg.reward.accuracy_component
     scorer = RewardScorer(step_grader(cfg), report)
