@@ -6,11 +6,15 @@
         [--reward-range 0 1] [--seed 0]
     python -m lmrl.task_files judge_rows OUT.jsonl --pairs PAIRS.jsonl [--chosen-score 7] [--rejected-score 3]
     python -m lmrl.task_files rubric_rows OUT.jsonl --current RUN/rollouts.jsonl [--earlier RUN0/rollouts.jsonl]
+    python -m lmrl.task_files steps RECIPE OUT.jsonl [overrides] [--model PATH] [--prompts N] [--solutions 4]
+        [--k 4] [--separator '\\n'] [--max-steps S] [--hard]
 
 `peers`: the recipe's training rows with another model's rollouts, for Mutual RL's PRP
 (`data.demonstrations: peers`, lmrl.data.peers). `hints`: each row's knowledge points chosen by the
-recipe's own policy, for KnowRL (`data.demonstrations: hints`, lmrl.data.hints). Each of these loads
-the config, the model and the task as a run would, then writes one JSON line per training row.
+recipe's own policy, for KnowRL (`data.demonstrations: hints`, lmrl.data.hints). `steps`: Math-Shepherd
+step labels of the policy's own solutions from Monte-Carlo continuations, a process-reward-model dataset
+(lmrl.data.step_labels). Each of these loads the config, the model and the task as a run would, then writes
+one JSON line per training row (`steps`: per solution).
 `judge_rows`: GRRM judge prompts over a run's recorded groups (or preference pairs) with their
 reference scores, for the `grrm_judge` recipe; `rubric_rows`: EVOLM's rubric-writing prompts with a
 newer and an older reply of each prompt, for the `evolm_generator` recipe (lmrl.data.judge_rows,
@@ -33,6 +37,11 @@ def policy_and_rows(cfg, rows: int | None):
     pieces = build_pieces(cfg)
     train = pieces.train_rows[:rows] if rows else pieces.train_rows
     return pieces.engine, pieces.tokenizer, train, torch.Generator().manual_seed(cfg.trainer.seed)
+
+
+def unescaped(text: str) -> str:
+    """A command-line separator with its \\n and \\t read as a new line and a tab."""
+    return text.replace("\\n", "\n").replace("\\t", "\t")
 
 
 def write_rows(out: Path, rows: list[dict]) -> None:
@@ -119,6 +128,35 @@ def rubric_rows(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
         p.error(f"no rubric rows: no prompt has a newer and an older reply{_skipped(skipped)}")
     write_rows(a.out, rows)
     print(f"{len(rows)} rubric rows written to {a.out}{_skipped(skipped)}")
+
+
+def steps(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from lmrl.data.step_labels import label_steps, step_grader
+    from lmrl.errors import ConfigError
+    from lmrl.loading import load_config
+
+    if any(n is not None and n < 1 for n in (a.prompts, a.solutions, a.k, a.max_steps)):
+        p.error("--prompts, --solutions, --k and --max-steps must be >= 1")
+    if not a.separator:
+        p.error("--separator must not be empty")
+    try:
+        cfg = load_config(a.recipe, [*a.overrides, *([f"model.path={a.model}"] if a.model else [])])
+        step_grader(cfg)
+    except ConfigError as err:
+        p.error(str(err))
+    engine, tokenizer, train, generator = policy_and_rows(cfg, a.prompts)
+    console = Console(stderr=True)
+    columns = (TextColumn("[bold]step labels"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
+        task = bar.add_task("prompts", total=len(train))
+        labelled = label_steps(cfg, train, engine, tokenizer, a.solutions, a.k, a.separator, a.max_steps, a.hard,
+                               generator, report=lambda message: console.print(message, markup=False, highlight=False),
+                               advance=lambda n: bar.advance(task, n))
+    write_rows(a.out, labelled.rows)
+    print(f"{labelled.summary()}: written to {a.out}")
     return 0
 
 
@@ -161,6 +199,19 @@ def parser() -> argparse.ArgumentParser:
                                                  "its first step against its last)")
     ru.add_argument("--seed", type=int, default=0, help="the choice among a step's replies")
     ru.set_defaults(fn=rubric_rows, sub=ru)
+    st = sub.add_parser("steps", help="Math-Shepherd step labels of the policy's solutions (a PRM dataset)")
+    st.add_argument("recipe")
+    st.add_argument("out", type=Path)
+    st.add_argument("overrides", nargs="*", help="config overrides of the recipe, e.g. rollout.temperature=0.8")
+    st.add_argument("--model", help="the policy instead of the recipe's model.path: a directory, .gguf or 'default'")
+    st.add_argument("--prompts", type=int, help="only the first PROMPTS training prompts")
+    st.add_argument("--solutions", type=int, default=4, help="solutions sampled per prompt")
+    st.add_argument("--k", type=int, default=4, help="continuations per step prefix (VinePPO uses 9)")
+    st.add_argument("--separator", default="\n", type=unescaped,
+                    help="the text that ends a step (\\n and \\t read as a new line and a tab)")
+    st.add_argument("--max-steps", type=int, help="steps per solution; the ones past it join the last step")
+    st.add_argument("--hard", action="store_true", help="label 1 when any continuation is correct (else the mean)")
+    st.set_defaults(fn=steps, sub=st)
     return p
 
 

@@ -108,3 +108,11 @@ def test_the_hint_search_generates_on_the_resolved_device(tmp_path, tiny_model_d
     with pytest.raises(Generating):
         main(["hints", str(recipe), str(tmp_path / "hints.jsonl"), "--rows", "1", "--samples", "2"])
     assert devices_seen == [META]
+
+
+def test_step_labels_are_generated_on_the_resolved_device(recipe, tmp_path, devices_seen):
+    from lmrl.task_files import main
+
+    with pytest.raises(Generating):
+        main(["steps", str(recipe), str(tmp_path / "steps.jsonl"), "--prompts", "1", "--solutions", "2"])
+    assert devices_seen == [META]

@@ -10,7 +10,7 @@ from lmrl.config import EnvConfig, EvalConfig
 from lmrl.engines.base import SamplingParams
 from lmrl.envs.single_turn import rollout
 from lmrl.eval.metrics import majority, mean_pass_at_k
-from lmrl.rewards.compute import RewardScorer
+from lmrl.rewards.compute import RewardScorer, accuracy_verdict
 from lmrl.rewards.gaming import gaming_share
 from lmrl.rewards.group import answer_classes, sample_answer
 from lmrl.types import Group
@@ -19,16 +19,9 @@ GREEDY = "greedy"  # the first phase of an evaluation: one greedy reply per row
 
 
 def graded_flags(groups: list[Group], component: str) -> list[list[bool | None]]:
-    """Per group, per sample: whether the accuracy component `component` (a component, or a component's
-    named part `name/part`) scored it correct (>= 1), whatever the other components did; None where it gave
-    no verdict (it erred or returned None, or the sample was excluded before any reward ran)."""
-    def verdict(s) -> bool | None:
-        errors = s.info.get("reward_errors", {})
-        if component not in s.rewards or any(component == k or component.startswith(k + "/") for k in errors):
-            return None
-        return s.rewards[component] >= 1.0
-
-    return [[verdict(s) for s in g.samples] for g in groups]
+    """Per group, per sample: `accuracy_verdict`, whether the accuracy component `component` scored it
+    correct (None: no verdict)."""
+    return [[accuracy_verdict(s, component) for s in g.samples] for g in groups]
 
 
 def correct_flags(groups: list[Group], component: str) -> list[list[bool]]:

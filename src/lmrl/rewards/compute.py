@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lmrl.config import RewardConfig
-from lmrl.errors import RewardErrorRate
+from lmrl.errors import ConfigError, RewardErrorRate
 from lmrl.registry import Registry
 from lmrl.rewards.functions import REWARD_FNS
 from lmrl.types import Group, Sample
@@ -67,6 +67,32 @@ def find_component(name: str) -> tuple[Any, bool]:
     if name in GROUP_REWARD_FNS:
         return GROUP_REWARD_FNS.get(name), True
     return REWARD_FNS.get(name), False
+
+
+def owner_of(key: str, names: list[str]) -> str | None:
+    """The component name whose value is `key`, or whose named part it is (`name/part`; names may hold '/')."""
+    return max((n for n in names if key == n or key.startswith(n + "/")), key=len, default=None)
+
+
+def grader_only(cfg: RewardConfig) -> RewardConfig:
+    """`cfg` with the accuracy component alone (summed as it is): what grades a reply, without the cost of the
+    other components. A ConfigError when no component owns `reward.accuracy_component`."""
+    name = owner_of(cfg.accuracy_component, [c.name for c in cfg.components])
+    if name is None:
+        raise ConfigError(f"reward.accuracy_component={cfg.accuracy_component!r} is none of the reward components "
+                          f"{[c.name for c in cfg.components]}")
+    return cfg.model_copy(update={"components": [c for c in cfg.components if c.name == name],
+                                  "aggregation": "weighted_sum", "aggregation_params": {}})
+
+
+def accuracy_verdict(sample: Sample, component: str) -> bool | None:
+    """Whether the accuracy component `component` (a component, or a component's named part `name/part`)
+    scored `sample` correct (>= 1), whatever the other components did; None where it gave no verdict (it
+    erred or returned None, or the sample was excluded before any reward ran)."""
+    errors = sample.info.get("reward_errors", {})
+    if component not in sample.rewards or any(component == k or component.startswith(k + "/") for k in errors):
+        return None
+    return sample.rewards[component] >= 1.0
 
 
 class Problem(str):
@@ -224,9 +250,9 @@ class RewardScorer:
                     f"(reward_errors/*, reward_error_share/{comp.name})" + (f"\n{trace}" if trace else ""))
 
     def _owner(self, key: str) -> _Component | None:
-        """The component whose value is `key`, or whose named part it is (`name/part`; names may hold '/')."""
-        return max((c for c in self.components if key == c.name or key.startswith(c.name + "/")),
-                   key=lambda c: len(c.name), default=None)
+        """The component whose value is `key`, or whose named part it is."""
+        name = owner_of(key, [c.name for c in self.components])
+        return next((c for c in self.components if c.name == name), None)
 
     def _weight_of(self, key: str) -> float:
         owner = self._owner(key)
