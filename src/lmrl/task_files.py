@@ -128,6 +128,7 @@ def rubric_rows(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
         p.error(f"no rubric rows: no prompt has a newer and an older reply{_skipped(skipped)}")
     write_rows(a.out, rows)
     print(f"{len(rows)} rubric rows written to {a.out}{_skipped(skipped)}")
+    return 0
 
 
 def steps(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
