@@ -30,7 +30,8 @@ COMMANDS = extract(PAGES, ROOT)
 SCRIPTS = extract_scripts(PAGES, ROOT)
 # trained for real, with this budget appended (the Ray example must fit the documented 2-core machine)
 REAL_RUNS = {"lmrl train quickstart dist.backend=ray dist.rollout_workers=2 rollout.max_staleness=1":
-             "trainer.steps=1 eval.at_start=false eval.at_end=false rollout.prompts_per_step=4"}
+             "trainer.steps=1 eval.at_start=false eval.at_end=false rollout.prompts_per_step=2 rollout.group_size=4 "
+             "rollout.max_new_tokens=16"}
 FILE_BLOCK = re.compile(r"```(?:python|yaml|bash)\n# (\S+\.(?:py|yaml|jsonl|sh))\n(.*?)```", re.S)
 # names the docs give to runs and models of their examples: links to the fixture runs in the workspace
 RUN_NAMES = {"name": ["a", "a1", "a2", "grpo", "grpo-s0", "grpo-s1", "grpo-x", "math", "instructor"],
