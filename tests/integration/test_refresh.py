@@ -144,3 +144,4 @@ def test_a_round_that_holds_ends_the_pipeline(tmp_path, seed):
     assert record["stages"][1]["refresh"] == {"over_optimised": False}
     rl1 = tmp_path / "runs" / "refresh" / "stages" / "02-rl-1"
     assert (rl1 / "model" / "lmrl_checkpoint.txt").read_text() == "step-000003"
+    assert cli.main(["report", str(tmp_path / "runs" / "refresh")]) == 0  # skipped stages have no logs to join
