@@ -158,9 +158,12 @@ def test_the_command_writes_stepwise_rows(tmp_path, recipe, capsys):
             "--max-steps", "2"]
     assert main(argv) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
+    task_rows = {r["uid"]: r for r in build_pieces(toy_run_config(tmp_path, 1, dataset=tmp_path / "toy.jsonl"),
+                                                   tiny_llama(len(small_tokenizer()), hidden=32, layers=2, heads=4,
+                                                              seed=0), small_tokenizer()).train_rows}
     assert len(rows) == 4 and {r["source"] for r in rows} == {str(model)}
     for r in rows:
-        assert isinstance(r["prompt"], str) and r["prompt"].endswith("\n")
+        assert r["prompt"] == task_rows[r["uid"]]["question"] and r["rendered_prompt"].endswith("\n")
         assert 1 <= len(r["completions"]) == len(r["labels"]) <= 2
         assert all(isinstance(x, float) and 0 <= x <= 1 for x in r["labels"])
         assert not any(step.endswith("\n") for step in r["completions"][:-1])

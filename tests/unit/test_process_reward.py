@@ -116,3 +116,12 @@ def test_aggregates_of_step_scores():
 def test_reply_split_and_separator_ends():
     assert split_steps("a=1.\n\nb=2.\nAnswer: 2\n") == ["a=1.", "b=2.", "Answer: 2"]
     assert separator_ends([5, 9, 7, 9, 7, 1, 9, 7], [9, 7]) == [2, 4, 7]
+
+
+def test_a_step_encodes_alike_in_labelled_rows_and_in_a_scored_reply():
+    """The step labels keep a blank line with the step it precedes ("\\nb"); a scored reply's split drops it: both
+    encode the step bare, so the reward scores the tokens the model was trained on."""
+    tok = make_tokenizer(list("ab7 \n?q"), template=None)
+    assert split_steps("a\n\nb\n") == ["a", "b"]
+    assert step_ids(tok, "q?", ["a", "\nb"]) == step_ids(tok, "q?", split_steps("a\n\nb\n"))
+    assert step_ids(tok, "q?", ["a\n", "b\n\n"]) == step_ids(tok, "q?", ["a", "b"])

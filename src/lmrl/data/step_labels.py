@@ -26,6 +26,7 @@ from lmrl.config import RewardConfig
 from lmrl.engines import SamplingParams, sampling_params
 from lmrl.errors import ConfigError
 from lmrl.envs import rollout
+from lmrl.models.steps import bare_step
 from lmrl.rewards import RewardScorer
 from lmrl.rewards.compute import accuracy_verdict, grader_only
 from lmrl.types import Group, Sample
@@ -130,6 +131,10 @@ def label_steps(cfg, rows: list[dict], engine, tokenizer, solutions: int = 4, k:
         raise ValueError("solutions, k and max_steps must be >= 1")
     if not separator:
         raise ValueError("the step separator must not be empty")
+    unasked = next((row for row in rows if "question" not in row), None)
+    if unasked is not None:
+        raise ValueError(f"row {unasked.get('uid', '?')} has no 'question' field: a step-label row holds the task's "
+                         "question, which the process reward model reads beside the steps")
     started = time.perf_counter()
     params, component = sampling_params(cfg), cfg.reward.accuracy_component
     scorer = RewardScorer(step_grader(cfg), report)
@@ -170,12 +175,14 @@ def label_steps(cfg, rows: list[dict], engine, tokenizer, solutions: int = 4, k:
 
 def solution_row(row: dict, index: int, solution: Sample, ends: list[int], tokenizer, separator: str,
                  outcomes: list[list[float | None]], labels: list[float], source: str) -> dict:
-    """Solution `index` of `row` as a stepwise-supervision row: the prompt as the policy saw it (chat template
-    included), its steps' texts (without the trailing separator) and labels, and where they came from."""
+    """Solution `index` of `row` as a stepwise-supervision row: the task's question (what a process reward
+    model reads beside the steps, in training and as the `process_reward_model` reward), its steps' texts
+    (without the separators around them) and labels, and where they came from (`rendered_prompt`: the prompt as
+    the policy saw it, chat template included)."""
     starts = [0, *ends[:-1]]
     ids = solution.completion_ids
-    texts = [tokenizer.decode(ids[a:b], skip_special_tokens=True).removesuffix(separator)
-             for a, b in zip(starts, ends)]
-    return {"prompt": tokenizer.decode(row["prompt_ids"], skip_special_tokens=False), "completions": texts,
+    texts = [bare_step(tokenizer.decode(ids[a:b], skip_special_tokens=True), separator) for a, b in zip(starts, ends)]
+    return {"prompt": str(row["question"]), "completions": texts,
+            "rendered_prompt": tokenizer.decode(row["prompt_ids"], skip_special_tokens=False),
             "labels": labels, "outcomes": outcomes, "step_tokens": [b - a for a, b in zip(starts, ends)],
             "source": source, "uid": row["uid"], "solution": index, "finish_reason": solution.finish_reason}

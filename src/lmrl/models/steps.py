@@ -3,7 +3,8 @@ that a process reward model's training rows (`data.steps`) and its reward (`rewa
 so a reply is scored on the very tokens the model was trained on.
 
 The prompt is tokenised without special tokens, with BOS in front when the tokenizer has one; each step is
-tokenised on its own, without special tokens, and followed by the ids of `separator` (default "\\n"). A step's
+tokenised on its own (without the separators around it, `bare_step`), without special tokens, and followed by
+the ids of `separator` (default "\\n"). A step's
 label sits on its last token, the separator's last token. No EOS is appended.
 """
 from __future__ import annotations
@@ -35,9 +36,19 @@ def step_ids(tokenizer, prompt: str, steps: list[str], separator: str = DEFAULT_
     sep = separator_ids(tokenizer, separator)
     completion, ends = [], []
     for step in steps:
-        completion += [*tokenizer(step, add_special_tokens=False)["input_ids"], *sep]
+        completion += [*tokenizer(bare_step(step, separator), add_special_tokens=False)["input_ids"], *sep]
         ends.append(len(completion) - 1)
     return StepIds(prompt_ids, completion, ends)
+
+
+def bare_step(step: str, separator: str = DEFAULT_SEPARATOR) -> str:
+    """A step's text without separators around it: blank lines a trace keeps with the step they precede (the
+    step labels' rule) or a trailing separator, so a step encodes alike in training rows and in a scored reply."""
+    while separator and step.startswith(separator):
+        step = step[len(separator):]
+    while separator and step.endswith(separator):
+        step = step[: -len(separator)]
+    return step
 
 
 def split_steps(reply: str, separator: str = DEFAULT_SEPARATOR) -> list[str]:

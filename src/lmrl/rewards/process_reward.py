@@ -16,12 +16,12 @@ from __future__ import annotations
 import math
 import threading
 
+from lmrl.algos.process_reward import good_probability
 from lmrl.models.steps import DEFAULT_SEPARATOR, separator_ids, split_steps, step_ids
 from lmrl.rewards.functions import REWARD_FNS
 from lmrl.types import Sample
 
 AGGREGATES = {"min": min, "last": lambda xs: xs[-1], "mean": lambda xs: sum(xs) / len(xs), "prod": math.prod}
-GOOD = 1  # the class of a correct step (`algos.process_reward.GOOD`)
 
 
 def aggregate_steps(scores: list[float], how: str = "min") -> float:
@@ -79,7 +79,11 @@ class ProcessRewardScore:
                 completion += self.sep_ids
             prompt, ends = list(sample.prompt_ids), separator_ends(completion, self.sep_ids)
         else:
-            encoded = step_ids(self.tokenizer, str(sample.row.get(self.prompt_field, "")),
+            if self.prompt_field not in sample.row:
+                raise KeyError(f"process_reward_model reads the prompt from the row field {self.prompt_field!r}, "
+                               f"which this row lacks (fields: {', '.join(sorted(sample.row)) or 'none'}); set "
+                               "prompt_field")
+            encoded = step_ids(self.tokenizer, str(sample.row[self.prompt_field]),
                                split_steps(sample.text, self.separator), self.separator)
             prompt, completion, ends = encoded.prompt_ids, encoded.completion_ids, encoded.ends
         ids = (prompt + completion)[: self.max_length]
@@ -109,5 +113,5 @@ class ProcessRewardScore:
             mask[i, : len(row)] = 1
         with self.lock, torch.no_grad():
             logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
-        good = torch.softmax(logits.float(), dim=-1)[..., GOOD].cpu()
+        good = good_probability(logits).cpu()
         return [[float(good[i, e]) for e in ends] for i, (_, ends) in enumerate(rows)]
