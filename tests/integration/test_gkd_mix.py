@@ -153,3 +153,23 @@ def test_what_a_mixed_source_refuses(tmp_path, files):
     with pytest.raises(ConfigError, match="text rows .* have no prompt"):
         read_offline(cfg, make_tokenizer(), [], [])
     assert gkd_config(tmp_path, files, 1, on_policy=0.5, algo={"terms": [{"name": "nll"}]}).batches.on_policy == 0.5
+
+
+def test_the_gkd_recipe_distils_on_the_task_answers_half_of_the_steps_the_students(tmp_path, files):
+    from conftest import write_toy_task
+    from lmrl.loading import load_config
+
+    toy_run_config(tmp_path, 1)  # registers the toy reward
+    cfg = load_config("gkd", [
+        "task.name=jsonl", f"task.dataset={write_toy_task(tmp_path / 'toy.jsonl')}", "task.prompt_field=question",
+        "task.system_prompt=null", "task.num_eval=4", "task.num_train=32", "batches.size=4", "batches.num_eval=2",
+        "reward.components=[{name: contains_7}]", "reward.accuracy_component=contains_7",
+        f"algo.terms.gkd.params.model={files / 'teacher'}", "rollout.max_new_tokens=6", "trainer.steps=4",
+        "eval.at_start=false", "eval.at_end=false", f"run.output_dir={tmp_path / 'runs'}", "run.progress=false"])
+    assert (cfg.batches.source, cfg.batches.on_policy, cfg.rollout.temperature) == ("demonstrations", 0.5, 0.9)
+    assert cfg.algo.terms[0].params == {"model": str(files / "teacher"), "beta": 0.5, "temperature": 0.9}
+    rows = step_rows(trained(cfg))
+    coins = [on_policy_step(0.5, cfg.trainer.seed, k) for k in range(1, 5)]
+    assert [bool(r["train/on_policy"]) for r in rows.values()] == coins
+    demo = len(make_tokenizer()("Answer: 7")["input_ids"]) + 1  # the reference answer and EOS
+    assert [r["data/trained_tokens"] for r in rows.values()] == [24.0 if c else 4.0 * demo for c in coins]
