@@ -37,6 +37,7 @@ class BatchSourceSpec:
     formats: frozenset[str] = frozenset()  # the dataset formats it reads (`batches.format`)
     task_rows: bool = False  # reads the task's rows (not batches.dataset)
     labels: frozenset[str] = frozenset()  # the `ROW_LABELS` its rows carry (a pair source's: chosen, pair)
+    completions: bool = False  # each row is a prompt and its completion, which `batches.on_policy` may regenerate
 
     def __post_init__(self):
         object.__setattr__(self, "formats", frozenset(self.formats))
@@ -123,9 +124,17 @@ def encoded_groups(cfg: BatchesConfig, tokenizer, formats: frozenset[str], encod
 
 
 @BATCH_SOURCES.register("sft", "supervised rows (chat messages, prompt/completion or plain text): the loss on the "
-                        "assistant's tokens", formats={"messages", "prompt_completion", "text"})
+                        "assistant's tokens", formats={"messages", "prompt_completion", "text"}, completions=True)
 def sft(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> OfflineData:
-    return encoded_groups(cfg.batches, tokenizer, BATCH_SOURCES.spec("sft").formats)
+    """With `batches.on_policy` set, every row needs a prompt to roll out: plain text rows have none."""
+    from lmrl.data.sft import record_format
+
+    data = encoded_groups(cfg.batches, tokenizer, BATCH_SOURCES.spec("sft").formats)
+    text = cfg.batches.format == "text" or any(record_format(g.row) == "text" for g in data.train)
+    if cfg.batches.on_policy is not None and text:
+        raise ValueError(f"batches.on_policy regenerates each row's completion from its prompt; the text rows of "
+                         f"{cfg.batches.dataset} have no prompt (use messages or prompt/completion rows)")
+    return data
 
 
 @BATCH_SOURCES.register("pairs", "preference pairs (chosen / rejected, TRL's format): one group per pair",
@@ -157,7 +166,8 @@ def steps(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> Of
 
 
 @BATCH_SOURCES.register("demonstrations", "the task's own rows, each with its reference completion "
-                        "(task.demonstration): an SFT cold start on the task RL trains next", task_rows=True)
+                        "(task.demonstration): an SFT cold start on the task RL trains next", task_rows=True,
+                        completions=True)
 def task_demonstrations(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> OfflineData:
     """The prompt exactly as a rollout of the row sees it (chat template, system prompt), followed by
     `task.demonstration` filled from the row and EOS; the held-out task rows give the eval loss."""
@@ -242,9 +252,15 @@ def rollout_pairs(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict
 def check_batches(cfg: Config) -> None:
     """What the batch source's declaration (`BatchSourceSpec`) allows: the row labels a term reads (`chosen`,
     `pair`, `desirable`) come from a source that makes them, a term declared `on_policy` trains the policy's own
-    samples, and a source without the policy-gradient term takes no setting of it (they would be ignored)."""
+    samples (every step's: not a mix of the policy's and a dataset's, `batches.on_policy`), and a source without
+    the policy-gradient term takes no setting of it (they would be ignored)."""
     b, spec, a = cfg.batches, BATCH_SOURCES.spec(cfg.batches.source), cfg.algo
     source = f"batches.source={b.source}"
+    if b.on_policy is not None and not spec.completions:
+        raise ConfigError(f"batches.on_policy regenerates the completions of a dataset's prompt/completion rows "
+                          f"(batches.source={' or '.join(n for n, x in BATCH_SOURCES.specs().items() if x.completions)}"
+                          f"); {source} " + ("is the policy's own samples already" if spec.online else
+                                             "has no such rows") + ": leave it unset")
     for t in (t for t in a.terms if t.coef != 0):
         term = TERMS.spec(t.name)
         missing = sorted(term.inputs & ROW_LABELS - spec.labels)
@@ -252,6 +268,11 @@ def check_batches(cfg: Config) -> None:
         if missing:
             raise ConfigError(f"the {t.name!r} term reads the row labels {missing}, which {source} does not make: "
                               f"use batches.source={' or '.join(makers) or '(a source that does)'}")
+        if term.on_policy and b.on_policy is not None:
+            raise ConfigError(f"the {t.name!r} term's gradient holds on the policy's own samples only, sampled at "
+                              f"the learner's temperature; with batches.on_policy={b.on_policy} a step trains the "
+                              "dataset's tokens or the policy's (at rollout.temperature): use batches.source=rollouts "
+                              "for the policy's samples every step, or a term valid on both (gkd, nll)")
         if term.on_policy and not spec.online:
             raise ConfigError(f"the {t.name!r} term's gradient holds on the policy's own samples only; {source} "
                               "trains a dataset's tokens")

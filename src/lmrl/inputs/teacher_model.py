@@ -10,7 +10,8 @@ the policy-gradient loss under the method's aggregation, so an outcome reward ma
 `gkd` is GKD's generalised Jensen–Shannon divergence JSD_β over the full vocabulary at every trained token
 (spec §4.1, `algos.preference_losses.generalized_jsd`), the teacher's logits against the student's: on the
 policy's rollouts it is on-policy distillation (GKD's λ = 1), on an offline dataset (`batches.source: sft`)
-supervised distillation on its completions (λ = 0); GKD's per-step mix of the two is not built. The batch
+supervised distillation on its completions (λ = 0), and with `batches.on_policy: λ` GKD's per-step mix of the
+two (`loops.offline`). The batch
 holds the teacher's logits of every position, [B, T, V] floats: memory grows with the vocabulary.
 """
 from __future__ import annotations
