@@ -191,3 +191,21 @@ def test_task_files_write_rows_the_jsonl_task_reads(tmp_path, capsys):
         with pytest.raises(SystemExit):
             task_files(argv)
         assert message in capsys.readouterr().err
+
+
+def test_half_point_scores_cannot_hedge_between_two_margins():
+    """A margin of 2.5 would round to 2 or 3, full credit either way: the trained judge's scores are whole numbers."""
+    from lmrl.rewards.judge_client import JudgeResponseError, parse_letter_scores
+
+    with pytest.raises(JudgeResponseError, match="whole number"):
+        parse_letter_scores("Ranking: A > B\nA: 7.5, B: 5", "AB", exact=True)
+    assert parse_letter_scores("A: 7.5, B: 5", "AB") == {"A": 7.5, "B": 5.0}  # judge_grrm reads leniently
+
+
+def test_judge_grrm_keeps_its_prompt_and_asks_for_a_ranking_only_when_told():
+    from lmrl.rewards.judges import GRRM, GRRM_RANKED, GrrmReward
+
+    assert "Ranking" not in GRRM and "Ranking" in GRRM_RANKED
+    assert GrrmReward(judge=object.__new__(type("J", (), {"chat": lambda self, m: ""}))).template == GRRM
+    assert GrrmReward(judge=object.__new__(type("J", (), {"chat": lambda self, m: ""})), template="ranked").template \
+        == GRRM_RANKED

@@ -301,8 +301,9 @@ def parse_letter_scores(text: str, letters: str, low: float = 0, high: float = 1
                         exact: bool = False) -> dict[str, float]:
     """GRRM's score line: the last line holding 'A: 8, B: 3, …' for every letter.
 
-    `exact`: the last line holding any 'X: n' must name each letter once and no other (a judge being
-    trained cannot hedge with extra, repeated or missing candidates)."""
+    `exact`: the last line holding any 'X: n' must name each letter once and no other, with whole-number scores
+    (a judge being trained cannot hedge with extra, repeated or missing candidates, nor with half points that
+    round to either neighbouring margin)."""
     for line in reversed(strip_reasoning(text).splitlines()):
         found = LETTER_SCORE.findall(line)
         if exact and found:
@@ -310,6 +311,8 @@ def parse_letter_scores(text: str, letters: str, low: float = 0, high: float = 1
             if sorted(named) != sorted(letters):
                 raise JudgeResponseError(f"the score line names {named}, not each of {', '.join(letters)} once: "
                                          f"{line[:200]!r}")
+        if exact and any(float(v) != int(float(v)) for _, v in found):
+            raise JudgeResponseError(f"the score line holds a score that is not a whole number: {line[:200]!r}")
         pairs = dict(found)
         if all(c in pairs for c in letters):
             scores = {c: float(pairs[c]) for c in letters}

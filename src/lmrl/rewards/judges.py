@@ -48,8 +48,12 @@ DYNAMIC = ("Here are {count} responses to the same prompt.\n\nPrompt:\n{prompt}\
            "{max_items} yes/no criteria that separate the better responses from the worse ones, each with a positive "
            'weight for its importance. Answer with a JSON list: [{{"criterion": "...", "weight": 3}}, ...]')
 GRRM = ("Here are {count} candidate responses to the same prompt.\n\nPrompt:\n{prompt}\n\n{responses}\n\n"
-        "Analyse them, rank them on a line like 'Ranking: B > A = C' (best first, '=' for a tie), and give each "
-        "an integer score from 0 to {max_score}. The last line must list every score, like 'A: 8, B: 3'.")
+        "Analyse them, rank them, and give each an integer score from 0 to {max_score}. "
+        "The last line must list every score, like 'A: 8, B: 3'.")
+# a judge trained by RL (`grrm_rm`) also writes its ranking: what its rows ask, and `judge_grrm`'s `template: ranked`
+GRRM_RANKED = ("Here are {count} candidate responses to the same prompt.\n\nPrompt:\n{prompt}\n\n{responses}\n\n"
+               "Analyse them, rank them on a line like 'Ranking: B > A = C' (best first, '=' for a tie), and give "
+               "each an integer score from 0 to {max_score}. The last line must list every score, like 'A: 8, B: 3'.")
 PAIR = ("Which response answers the prompt better?\n\nPrompt:\n{prompt}\n\nResponse A:\n{a}\n\nResponse B:\n{b}\n\n"
         "End with 'Winner: A' or 'Winner: B'.")
 
@@ -85,10 +89,10 @@ def _listing(texts: list[str]) -> str:
 
 
 def grrm_prompt(prompt: str, candidates: list[str], max_score: int = 10, template: str | None = None) -> str:
-    """GRRM's judge prompt over `candidates` (Response A, B, …): what `judge_grrm` sends and what a
-    GRRM judge is trained on (`lmrl.data.judge_rows`)."""
-    return (template or GRRM).format(count=len(candidates), prompt=prompt, responses=_listing(candidates),
-                                     max_score=max_score)
+    """GRRM's judge prompt over `candidates` (Response A, B, …): what `judge_grrm` sends (its template) and what a
+    GRRM judge is trained on (`lmrl.data.judge_rows`: the ranked template, the default here)."""
+    return (template or GRRM_RANKED).format(count=len(candidates), prompt=prompt, responses=_listing(candidates),
+                                            max_score=max_score)
 
 
 def _check_ask(ask: str) -> bool:
@@ -251,7 +255,7 @@ class GrrmReward(_Judge):
     def __init__(self, judge: Any = None, score_scale: float = 0.01, max_score: int = 10, max_length: int = 4096,
                  overlong_buffer: int = 2048, overlong_penalty: float = 0.04, default_reward: float = -0.04,
                  on_parse_error: str = "error", prompt_field: str = "question", template: str | None = None):
-        super().__init__(judge, prompt_field, template, GRRM)
+        super().__init__(judge, prompt_field, GRRM_RANKED if template == "ranked" else template, GRRM)
         if on_parse_error not in ("error", "default"):
             raise ValueError(f"on_parse_error must be error or default (got {on_parse_error!r})")
         self.scale, self.max_score, self.default = score_scale, max_score, default_reward
