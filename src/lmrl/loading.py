@@ -224,7 +224,7 @@ def pipeline_from_tree(tree: dict[str, Any], parsed: list[tuple[str, Any]]) -> P
     if refresh is not None:
         from lmrl.validation import check_refresh  # the checks read the registries, which import torch
 
-        check_refresh(stages[0], stages[1])
+        check_refresh(stages[0], stages[1], refresh)
     run_tree = copy.deepcopy(shared_tree.get("run") or {})
     for key, value in shared:
         if key.startswith("run."):

@@ -148,10 +148,13 @@ def _kl_in_reward(cfg: Config) -> None:
 
 def _stop_rules(cfg: Config) -> None:
     """A rule on a metric of the evaluation is read at each evaluation: the run must evaluate as it trains."""
-    for rule in cfg.trainer.stop_when:
-        if rule.at_evaluation and not cfg.eval.every:
-            raise ConfigError(f"trainer.stop_when reads {rule.metric} at each evaluation: set eval.every "
-                              "(e.g. eval.every=2), or name a metric of the step")
+    for rule in (r for r in cfg.trainer.stop_when if r.at_evaluation):
+        if not cfg.eval.every or cfg.eval.every >= cfg.trainer.steps:
+            raise ConfigError(f"trainer.stop_when reads {rule.metric} at each evaluation: set eval.every below "
+                              f"trainer.steps={cfg.trainer.steps} (e.g. eval.every=2), or name a metric of the step")
+        if cfg.task.num_eval == 0 and cfg.eval.num_prompts is None and not cfg.batches.num_eval:
+            raise ConfigError(f"trainer.stop_when reads {rule.metric} at each evaluation, and task.num_eval=0 holds "
+                              "no prompt out to evaluate")
 
 
 def _groups(cfg: Config) -> None:
@@ -461,7 +464,7 @@ PIPELINE: list[tuple[str, Callable[..., None]]] = [
 ]
 
 
-def check_refresh(reward_model, policy) -> None:
+def check_refresh(reward_model, policy, refresh) -> None:
     """A refresh pipeline's two stages (docs/pipelines.md#refresh): the reward model learns from labelled
     rollouts, and the policy stage records its rollouts, evaluates and keeps a checkpoint at each evaluation
     (what a rollback returns to), samples in step (the rollouts after a checkpoint come from its weights), stops
@@ -470,6 +473,18 @@ def check_refresh(reward_model, policy) -> None:
     if rm.batches.source != "rollout_pairs":
         raise ConfigError(f"refresh: the reward-model stage {reward_model.label!r} trains on labelled rollouts: "
                           f"batches.source=rollout_pairs (it has {rm.batches.source})")
+    rank_by = rm.batches.params.get("rank_by")
+    if rank_by != cfg.reward.accuracy_component:
+        raise ConfigError(f"refresh: the reward-model stage {reward_model.label!r} must rank its pairs by the gold "
+                          f"component the policy stage grades with: batches.params.rank_by="
+                          f"{cfg.reward.accuracy_component} (it has {rank_by}); ranked by the proxy's own reward "
+                          "it would learn the proxy")
+    if reward_model.round == 1 and not str(rm.batches.dataset or "").endswith(".jsonl"):
+        raise ConfigError(f"refresh: the first reward model's data is a run's rollouts.jsonl, which the feedback "
+                          f"extends line by line (batches.dataset={rm.batches.dataset})")
+    if refresh.feedback_groups > cfg.rollout.prompts_per_step:
+        raise ConfigError(f"refresh.feedback_groups={refresh.feedback_groups}: the fresh labels are the groups of "
+                          f"one step, rollout.prompts_per_step={cfg.rollout.prompts_per_step} of them")
     if not BATCH_SOURCES.spec(cfg.batches.source).policy_gradient:
         raise ConfigError(f"{where} trains on its rollouts: batches.source=rollouts (it has {cfg.batches.source})")
     drops = [rule for rule in cfg.trainer.stop_when if rule.drop is not None and rule.at_evaluation]

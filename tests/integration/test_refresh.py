@@ -96,10 +96,21 @@ def test_a_refresh_pipeline_repeats_its_stages_with_their_references_renamed(tmp
     ({"run": {"checkpoint_every": 1, "keep_checkpoints": 1, "save_rollouts": True}}, "keep every checkpoint"),
     ({"reward": {"components": [{"name": "contains_7"}], "accuracy_component": "contains_7"}}, "never reads"),
     ({"rollout.max_staleness": 1}, "max_staleness must be unset"),
+    ({"rollout.prompts_per_step": 1}, "the groups of one step"),
+    ({"reward.accuracy_component": "fading"}, "rank its pairs by the gold component"),
 ])
 def test_a_policy_stage_that_cannot_be_refreshed_is_refused(tmp_path, seed, change, message):
     with pytest.raises(ConfigError, match=message):
         load_recipe(str(refresh_recipe(tmp_path, seed, drop=0.0, **change)))
+
+
+def test_a_best_before_the_first_step_rolls_back_to_the_starting_weights():
+    """The evaluation before step 1 counts: E = {0: .70, 2: .66, 4: .65, 6: .60}, δ = 0.03, fires at step 2
+    (0.66 < 0.70 − 0.03), the live rule and the replay alike, and the best is the start (step 0)."""
+    rule = StopRule(metric="eval/accuracy", drop=0.03)
+    evals = [(step, {"eval/accuracy": e}) for step, e in [(0, 0.70), (2, 0.66), (4, 0.65), (6, 0.60)]]
+    assert over_optimised_at(rule, evals) == 2
+    assert best_checkpointed(rule, evals, 2, {0, 2, 4, 6}) == 0
 
 
 def test_an_over_optimised_round_rolls_back_and_feeds_the_next_reward_model(tmp_path, seed):
@@ -145,3 +156,19 @@ def test_a_round_that_holds_ends_the_pipeline(tmp_path, seed):
     rl1 = tmp_path / "runs" / "refresh" / "stages" / "02-rl-1"
     assert (rl1 / "model" / "lmrl_checkpoint.txt").read_text() == "step-000003"
     assert cli.main(["report", str(tmp_path / "runs" / "refresh")]) == 0  # skipped stages have no logs to join
+
+
+def test_a_fall_from_the_first_evaluation_rolls_back_to_the_starting_model(tmp_path, seed):
+    """With the evaluation before step 1 (eval.at_start), `fading` is best there: the live rule fires at step 1,
+    the stage's model/ is the model it started from, and the feedback is step 1's rollouts (sampled by it)."""
+    path = refresh_recipe(tmp_path, seed, drop=0.0, rounds=1, eval={"every": 1, "at_start": True, "at_end": True})
+    assert cli.main(["train", str(path)]) == 0
+    record = json.loads((tmp_path / "runs" / "refresh" / "pipeline.json").read_text())
+    assert record["stages"][1]["steps"] == 1
+    assert record["stages"][1]["refresh"]["rolled_back_to"] == 0 and record["stages"][1]["refresh"]["at_step"] == 1
+    rl1 = tmp_path / "runs" / "refresh" / "stages" / "02-rl-1"
+    assert (rl1 / "model" / "lmrl_checkpoint.txt").read_text() == "start"
+    start = Path(seed["shared"]["model"]["path"])
+    assert (rl1 / "model" / "model.safetensors").read_bytes() == (start / "model.safetensors").read_bytes()
+    fed = [json.loads(line) for line in (rl1 / "feedback.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in fed[-2:]] == [1, 1]

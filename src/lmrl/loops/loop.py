@@ -98,6 +98,7 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
         evaluates = bool(s.eval_rows or (s.offline and s.offline.eval))
         if start == 0 and cfg.eval.at_start and evaluates:
             result.eval_before = evaluate_now(s, run, 0, source.eval_engine, progress)
+            stops.reason(result.eval_before, evaluation=True)  # a `drop` rule's best may be the start
         source.start()
         with progress:
             last_end = time.perf_counter()

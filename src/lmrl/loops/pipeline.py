@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +20,11 @@ from lmrl.config import Config, ConfigError, PipelineConfig, PipelineStage, Refr
 from lmrl.eval.stage_logs import PIPELINE_FILE, STAGES_DIR, read_pipeline
 from lmrl.loading import build_config, checked_tree, load_run_config
 from lmrl.loops.dispatch import train
-from lmrl.loops.refresh import refresh_after
+from lmrl.loops.refresh import START, refresh_after
 from lmrl.loops.run_dir import new_run_path, remove_run, run_entries
 from lmrl.models.checkpoint_dirs import latest_checkpoint
 from lmrl.recipe_files import parse_override, resolve_references, set_dotted
+from lmrl.validation import check_refresh
 
 EXPORTED_FROM = "lmrl_checkpoint.txt"  # the checkpoint a stage's model/ was exported from
 FINAL_MODEL = "model"  # in a finished stage's directory: its final weights as a transformers directory
@@ -122,8 +123,8 @@ def _final_metrics(run_dir: Path, steps: int) -> dict[str, Any]:
     return merged
 
 
-def export_final(cfg: Config, run_dir: Path, checkpoint: Path | None = None) -> Path:
-    """The stage's final checkpoint (or `checkpoint`) as `run_dir/model/`, a transformers directory (written
+def export_final(cfg: Config, run_dir: Path, checkpoint: Path | str | None = None) -> Path:
+    """The stage's final checkpoint (or `checkpoint`; `START`: the model it started from) as `run_dir/model/`, a transformers directory (written
     aside, then renamed), as `lmrl export` writes it: a reward-model stage's score head makes it a sequence
     classifier (a process reward model's step head, a token classifier). The checkpoint it came from is
     recorded beside it (`EXPORTED_FROM`), so a stage that trained on after an export (a resume that extended
@@ -132,6 +133,8 @@ def export_final(cfg: Config, run_dir: Path, checkpoint: Path | None = None) -> 
     from lmrl.models.lora import export_merged
 
     out, tmp = run_dir / FINAL_MODEL, run_dir / f".{FINAL_MODEL}.tmp"
+    if checkpoint == START:
+        return _export_start(cfg, out, tmp)
     found = checkpoint or latest_checkpoint(run_dir / "checkpoints")
     if found is None:
         raise RuntimeError(f"{run_dir} finished without a checkpoint to start the next stage from")
@@ -142,6 +145,20 @@ def export_final(cfg: Config, run_dir: Path, checkpoint: Path | None = None) -> 
     export_merged(found / "model", cfg.model.path, cfg.model.lora, tmp,
                   score_weight=head["weight"] if head else None)
     (tmp / EXPORTED_FROM).write_text(found.name)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def _export_start(cfg: Config, out: Path, tmp: Path) -> Path:
+    """The model the stage started from as its `model/` (a rollback to before its first step)."""
+    from lmrl.models.loading import resolve_model_path
+
+    if out.is_dir() and (out / EXPORTED_FROM).is_file() and (out / EXPORTED_FROM).read_text() == START:
+        return out
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(resolve_model_path(cfg.model.path), tmp)
+    (tmp / EXPORTED_FROM).write_text(START)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
@@ -201,12 +218,14 @@ def train_pipeline(pipe: PipelineConfig, resume: Path | None = None, overrides: 
             _write_record(root, record)
             done = train(cfg, resume=folder if started else None)
             if stage.role == "policy":
+                check_refresh(pipe.stages[i - 1], replace(stage, config=cfg), pipe.refresh)  # resume overrides too
                 rm_dir = root / stage_folder(i - 1, pipe.stages[i - 1].label)
                 entry["refresh"] = refresh_after(cfg, folder, pipe.refresh.feedback_groups, rm_dir,
                                                  lambda checkpoint: export_final(cfg, folder, checkpoint))
             else:
                 export_final(cfg, folder)
-            entry.update(status="done", steps=done.steps, metrics=_final_metrics(folder, done.steps))
+            kept = entry.get("refresh", {}).get("rolled_back_to", done.steps)  # the step its model/ is from
+            entry.update(status="done", steps=done.steps, metrics=_final_metrics(folder, kept))
             if entry.get("refresh", {}).get("over_optimised") is False:  # the proxy held: no further round
                 for later in record["stages"][i + 1:]:
                     later["status"] = SKIPPED

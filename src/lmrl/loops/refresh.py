@@ -22,6 +22,8 @@ from lmrl.loading import load_run_config
 from lmrl.loops.stopping import StopWatch
 from lmrl.models.checkpoint_dirs import list_checkpoints
 
+START = "start"  # what `export` is given to export the model the stage started from (a best before step 1)
+
 
 def drop_rule(cfg: Config) -> StopRule:
     """The policy stage's over-optimisation rule: its `drop` rule on a metric of the evaluation."""
@@ -54,22 +56,24 @@ def _records(path: Path) -> list[str]:
 
 
 def refresh_after(cfg: Config, folder: Path, feedback_groups: int, reward_model_dir: Path,
-                  export: Callable[[Path | None], Path]) -> dict[str, Any]:
+                  export: Callable[[Path | str | None], Path]) -> dict[str, Any]:
     """After the policy stage `cfg` trained in `folder`: roll it back and write the next round's data if it
-    over-optimised, else export its final weights (`export(checkpoint)`, None: the last; `reward_model_dir`: this
-    round's reward-model stage, whose data the feedback extends). Returns what happened, as pipeline.json records
-    it. Running it again (a resumed pipeline) gives the same result."""
+    over-optimised, else export its final weights (`export(checkpoint)`: None, the last; `START`, the model the
+    stage started from; `reward_model_dir`: this round's reward-model stage, whose data the feedback extends).
+    The evaluations are replayed through the rule from the one before step 1, as the run read them. Returns what
+    happened, as pipeline.json records it. Running it again (a resumed pipeline) gives the same result."""
     rule = drop_rule(cfg)
     evals = evaluations(folder, rule)
     fired = over_optimised_at(rule, evals)
     if fired is None:
         export(None)
         return {"over_optimised": False}
-    checkpoints = {int(p.name.split("-")[1]): p for p in list_checkpoints(folder / "checkpoints")}
+    checkpoints: dict[int, Path | str] = {0: START}  # the starting weights are always there to return to
+    checkpoints.update({int(p.name.split("-")[1]): p for p in list_checkpoints(folder / "checkpoints")})
     best = best_checkpointed(rule, evals, fired, set(checkpoints))
     if best is None:
-        raise RuntimeError(f"{folder}: {rule.metric} fell at step {fired}, before any evaluated checkpoint to roll "
-                           "back to; evaluate and checkpoint earlier (eval.every, run.checkpoint_every)")
+        raise RuntimeError(f"{folder}: {rule.metric} fell at step {fired}, and no evaluated checkpoint before it is "
+                           "kept to roll back to (eval.every, run.checkpoint_every, run.keep_checkpoints)")
     export(checkpoints[best])
     fresh = [line for line in _records(folder / "rollouts.jsonl") if json.loads(line)["step"] == best + 1]
     fresh = fresh[:feedback_groups]

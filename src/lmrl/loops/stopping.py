@@ -1,7 +1,8 @@
 """`trainer.stop_when`: end a run early on a logged metric, e.g. when a label-free reward saturates, or when the
 held-out gold accuracy falls from its best while a proxy reward still rises (over-optimisation).
 
-A rule reads the metrics the step has just logged (a rule on `eval/...`: those of each evaluation); the run
+A rule reads the metrics the step has just logged (a rule on `eval/...`: those of each evaluation, the one before
+the first step included, which only sets what a `drop` rule remembers); the run
 then ends as if `trainer.steps` had been that step (final evaluation, final checkpoint), and the checkpoint
 records why, so a resumed run stays stopped. A `drop` rule remembers the best value its metric has had, and the
 last value of the metric it watches rise; that memory is part of the run's history (saved in each checkpoint,
@@ -10,6 +11,7 @@ restored by `--resume`). A rule naming a metric that was not logged is an error 
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any
 
 from lmrl.config import ConfigError, StopRule
@@ -51,8 +53,11 @@ class StopWatch:
         best, rising = self.best.get(i), True
         if rule.while_rising is not None:
             now, before = metrics[rule.while_rising], self.last_rising.get(i)
-            rising = before is not None and now > before
-            self.last_rising[i] = now
+            rising = before is not None and math.isfinite(now) and now > before
+            if math.isfinite(now):
+                self.last_rising[i] = now
+        if not math.isfinite(value):  # nothing scored: no reading (a NaN best would never be fallen from)
+            return None
         self.best[i] = value if best is None else max(best, value)
         if best is not None and value < best - rule.drop and rising:
             return (f"{rule.metric} = {value:.4g} fell more than {rule.drop:g} below its best {best:.4g}"
