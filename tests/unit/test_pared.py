@@ -195,3 +195,20 @@ def test_the_config_check_refuses_them_before_any_model_loads():
         load_config("pared", ["reward.components.pared.params.demonstration=null"])
     with pytest.raises(ConfigError, match="did you mean 'disc_steps'"):
         load_config("pared", ["reward.components.pared.params.disc_step=3"])
+
+
+def test_an_evaluation_scores_without_learning():
+    """The scorer scores an evaluation's groups `held_out`: PARED's weights, pool and update count stay."""
+    cfg = RewardConfig(components=[{"name": "pared", "params": {"features": FEATURES, "tokenizer": TOK,
+                                                                "demonstration": "Answer: {answer}"}}],
+                       accuracy_component="pared")
+    scorer = RewardScorer(cfg)
+    first, second = rows(2)
+    scorer.score([Group(uid="g", row=first, samples=group_of(first))])
+    state = copy.deepcopy(scorer.state_dict())
+    scored = group_of(second)
+    scorer.score([Group(uid="e", row=second, samples=scored)], held_out=True)
+    after = scorer.state_dict()
+    assert after["pared"]["updates"] == state["pared"]["updates"] == 1
+    assert np.array_equal(after["pared"]["w"], state["pared"]["w"]) and len(after["pared"]["pool"]) == 1
+    assert scorer.components[0].instance.held_out is False and scored[0].info["pared"]["updates"] == 1

@@ -113,7 +113,7 @@ def held_out_replies(engine, tokenizer, rows: list[dict], scorer: RewardScorer, 
 
         step(0)
         groups = generate_groups(engine, tokenizer, rows, n, params, cfg.batch_size, generator, environment, step)
-        scorer.score(groups)
+        scorer.score(groups, held_out=True)
         return groups
 
     replies.greedy = phase(GREEDY, 1, SamplingParams(max_new_tokens=budget, greedy=True),

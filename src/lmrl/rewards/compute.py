@@ -258,11 +258,19 @@ class RewardScorer:
         owner = self._owner(key)
         return owner.weight if owner else 1.0
 
-    def score(self, groups: list[Group]) -> dict[str, float]:
+    def score(self, groups: list[Group], held_out: bool = False) -> dict[str, float]:
+        """Score `groups` in place; the metrics of the scoring. `held_out`: the groups are an evaluation's, which a
+        stateful component (one with `reward_state`) scores without learning from (its `held_out` attribute is
+        set meanwhile): a discriminator or a memory trains on the run's own samples only."""
         started = time.perf_counter()
+        stateful = [c.instance for c in self.components if hasattr(c.instance, "reward_state")]
+        for instance in stateful:
+            instance.held_out = held_out
         try:
             return self._score(groups)
         finally:
+            for instance in stateful:
+                instance.held_out = False
             self.seconds += time.perf_counter() - started
 
     def _score(self, groups: list[Group]) -> dict[str, float]:

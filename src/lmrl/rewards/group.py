@@ -301,6 +301,7 @@ def meds_shape(reward: float, correct: bool, penalty: float, target: str = "wron
 @GROUP_REWARD_FNS.register("meds", "MEDS: correctness reward minus a penalty for recurring error clusters (memory)")
 class MEDS:
     """Memory-Enhanced Dynamic reward Shaping: a memory per (prompt, correctness) of response features.
+    An evaluation's samples (`held_out`, set by the scorer) are scored from the memory without joining it.
 
     Each new response's cluster is predicted by k-NN (cosine) over the stored, clustered features;
     n = that cluster's size in the memory (0 without history). Then the new features are stored and
@@ -328,6 +329,7 @@ class MEDS:
         self.correct_reward, self.wrong_reward, self.noise_as_cluster = correct_reward, wrong_reward, noise_as_cluster
         self.pattern, self.fallback = pattern, fallback
         self.memory: dict[tuple, dict] = {}
+        self.held_out = False
         self.lock = threading.Lock()  # a timed-out call may still be running when the next one starts
 
     def features(self, sample: Sample) -> np.ndarray:
@@ -380,20 +382,24 @@ class MEDS:
             self.memory = {(tuple(e["prompt"]), e["correct"]): {"vectors": list(e["vectors"]), "labels": e["labels"]}
                            for e in state["memory"]}
 
-    def _score(self, samples: list[Sample]) -> list[float]:
-        prompt = tuple(samples[0].prompt_ids) if samples else ()
-        vectors = [self.features(s) for s in samples]
-        correct = [self.is_correct(s) for s in samples]
-        sizes = []
-        for s, v, c in zip(samples, vectors, correct):
-            sizes.append(self.cluster_size(self.memory.setdefault((prompt, c), {"vectors": [], "labels": None}), v))
+    def _store(self, prompt: tuple, vectors: list[np.ndarray], correct: list[bool]) -> None:
+        """Add the vectors to their (prompt, correctness) slots and cluster those slots again."""
         for v, c in zip(vectors, correct):
-            self.memory[(prompt, c)]["vectors"].append(v)
+            self.memory.setdefault((prompt, c), {"vectors": [], "labels": None})["vectors"].append(v)
         for c in set(correct):
             slot = self.memory[(prompt, c)]
             normed = np.stack(slot["vectors"])
             normed = normed / np.maximum(np.linalg.norm(normed, axis=1, keepdims=True), 1e-12)
             slot["labels"] = hdbscan_labels(normed, self.min_cluster_size)
+
+    def _score(self, samples: list[Sample]) -> list[float]:
+        prompt = tuple(samples[0].prompt_ids) if samples else ()
+        vectors = [self.features(s) for s in samples]
+        correct = [self.is_correct(s) for s in samples]
+        empty = {"vectors": [], "labels": None}
+        sizes = [self.cluster_size(self.memory.get((prompt, c), empty), v) for v, c in zip(vectors, correct)]
+        if not self.held_out:  # an evaluation's samples are scored from the memory, not stored in it
+            self._store(prompt, vectors, correct)
         out = []
         for s, c, n in zip(samples, correct, sizes):
             penalty = meds_penalty(n, self.coef, self.cap)

@@ -208,6 +208,7 @@ class PARED:
         self.disc_steps, self.lr, self.l2, self.optimizer = disc_steps, lr, l2, optimizer
         self.demos_per_update, self.seed = demos_per_update, seed
         self.tokenizer = _tokenizer(tokenizer)
+        self.held_out = False  # set by the scorer while it scores an evaluation: score, do not learn
         self.lock = threading.Lock()  # a timed-out call may still be running when the next one starts
         self.load_reward_state(self.initial_state())
         if demonstrations_file is not None:
@@ -302,14 +303,14 @@ class PARED:
         self._add_demo(key, text, row)
 
     def _score(self, samples: list[Sample]) -> list[float]:
-        if self.template is not None and samples:
+        if self.template is not None and samples and not self.held_out:
             self._row_demo(samples[0].row)
         phi = np.stack([self.featurize(s) for s in samples])
         logits = pared_logits(phi, self.w, self.b)
         before = self.weights()
         negatives = phi[[s.origin.sampled for s in samples]]
         loss = None
-        if self.pool and len(negatives) and self.disc_steps:
+        if self.pool and len(negatives) and self.disc_steps and not self.held_out:  # an evaluation only scores
             drawn = self.sampler.integers(len(self.pool), size=self.demos_per_update)
             demos = np.stack(list(self.pool.values()))[drawn]
             loss = discriminator_loss(self.w, self.b, demos, negatives, self.l2)
