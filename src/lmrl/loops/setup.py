@@ -130,9 +130,9 @@ def data_parallel(cfg: Config) -> Parallel:
 
     joined = dist.is_initialized() and dist.get_world_size() > 1  # (vLLM opens a one-process group of its own)
     parallel = DataParallel() if joined else init_from_env()
-    if parallel.world_size > 1 and (cfg.rollout.max_staleness is not None or cfg.dist.backend != "none"
+    if parallel.world_size > 1 and (cfg.rollout.max_staleness is not None or cfg.dist.rollout_pool
                                     or cfg.rollout.engine != "hf" or cfg.algo.guards.enabled):
         raise ConfigError("a data-parallel run (several ranks) uses the synchronous loop with each rank's own hf "
-                          "engine and no guards: unset rollout.max_staleness, keep dist.backend=none, "
-                          "rollout.engine=hf and algo.guards.enabled=false")
+                          "engine and no guards: unset rollout.max_staleness, keep dist.backend=none (or ray "
+                          "with dist.learner_ranks > 1), rollout.engine=hf and algo.guards.enabled=false")
     return parallel
