@@ -116,13 +116,23 @@ class RolloutConfig(Section):
 
 
 class DistConfig(Section):
-    """Where rollouts run (docs/scaling.md): in the learner's process (none), or spread over
-    `rollout_workers` workers, each an `hf` engine with its own copy of the weights: as objects in
-    this process (local) or as Ray actors (ray, the `ray` extra)."""
+    """Where the learner and the rollouts run (docs/scaling.md): one process, or torchrun ranks, with
+    rollouts in the learner's process (none); rollouts spread over `rollout_workers` workers, each an
+    `hf` engine with its own copy of the weights, as objects in this process (local) or as Ray actors
+    (ray, the `ray` extra, the learner in an actor too); or, on Ray, `learner_ranks` data-parallel
+    learner actors, each generating its share of every batch as torchrun ranks do. `placement` is the
+    Ray placement group's strategy over the learner's and the workers' bundles."""
     backend: Literal["none", "local", "ray"] = "none"
     rollout_workers: int = Field(2, ge=1)
     worker_threads: int = Field(1, ge=1)  # torch threads (and Ray CPUs) per rollout worker
     max_restarts: int = Field(3, ge=0)  # a rollout worker that dies is restarted this often; its prompts re-run
+    learner_ranks: int = Field(1, ge=1)  # > 1: data-parallel learner ranks as Ray actors (dist.backend: ray)
+    placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"  # Ray bundles over nodes
+
+    @property
+    def rollout_pool(self) -> bool:
+        """Whether rollouts run on a pool of workers (one learner rank), not on each rank's own engine."""
+        return self.backend != "none" and self.learner_ranks == 1
 
 
 class DataConfig(Section):

@@ -73,10 +73,16 @@ def _registered(cfg: Config) -> None:
 
 
 def _rollout_workers(cfg: Config) -> None:
-    """Rollout workers are `hf` engines (docs/scaling.md)."""
+    """Rollout workers are `hf` engines; learner ranks as actors need Ray (docs/scaling.md)."""
     if cfg.dist.backend != "none" and cfg.rollout.engine != "hf":
         raise ConfigError(f"dist.backend={cfg.dist.backend} runs hf rollout workers; rollout.engine="
                           f"{cfg.rollout.engine} runs in the learner's process: use dist.backend=none with it")
+    if cfg.dist.learner_ranks > 1 and cfg.dist.backend != "ray":
+        raise ConfigError(f"dist.learner_ranks={cfg.dist.learner_ranks} places learner ranks as Ray actors: set "
+                          "dist.backend=ray (or launch the ranks with torchrun and keep dist.learner_ranks=1)")
+    if cfg.dist.learner_ranks > 1 and (cfg.rollout.max_staleness is not None or cfg.algo.guards.enabled):
+        raise ConfigError("dist.learner_ranks > 1 (data-parallel ranks) uses the synchronous loop without guards: "
+                          "unset rollout.max_staleness and keep algo.guards.enabled=false")
 
 
 def _reward_names(cfg: Config) -> None:

@@ -22,13 +22,13 @@ def eos_ids(tokenizer, model) -> list[int]:
 
 def build_engine(cfg: Config, model, tokenizer):
     """The rollout engine `rollout.engine` over `model`, stopping at every EOS the model declares; with
-    `dist.backend` set, a pool of `hf` rollout workers (`engines.workers`) instead.
+    `dist.backend` set and one learner rank, a pool of `hf` rollout workers (`engines.workers`) instead.
 
     An engine with settings of its own (context length, memory) reads them in its `from_config`.
     """
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     bf16 = resolve_bf16(cfg.trainer.bf16, next(model.parameters()).device)
-    if cfg.dist.backend != "none":
+    if cfg.dist.rollout_pool:
         d = cfg.dist
         return WorkerPool(model, eos_ids(tokenizer, model), pad, bf16, workers=d.rollout_workers,
                           threads=d.worker_threads, backend=d.backend, max_restarts=d.max_restarts)

@@ -1,6 +1,7 @@
 """Assembles the stages of a run from its Config: data first (fails fast), then the model."""
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from lmrl.learners import Learner
 from lmrl.validation import check_names, check_row_fields
 from lmrl.models import load_tokenizer, resolve_model_path
 from lmrl.models.device import resolve_device
+from lmrl.models.memory import ModelShape, estimate_memory
 from lmrl.models.precision import resolve_bf16
 from lmrl.rewards import RewardScorer
 
@@ -64,7 +66,32 @@ def preflight(cfg: Config, rows: int = 16, resume: Path | None = None, trains: b
     offline = "" if BATCH_SOURCES.spec(cfg.batches.source).online else \
         f"; batches: {read_offline(cfg, tokenizer, train, held).summary()}"
     return (f"model {path} on {device}; task {cfg.task.name}: {task.summary()}; the first {len(train)} training rows "
-            f"load with fields {sorted(train[0])}{offline}" + (f"; run directory {where}" if where else ""))
+            f"load with fields {sorted(train[0])}{offline}" + (f"; run directory {where}" if where else "")
+            + f"; {memory_line(cfg, path, device)}")
+
+
+def memory_line(cfg: Config, path: Path, device: torch.device) -> str:
+    """What a learner rank of this run holds by the memory model (`models.memory`, docs/scaling.md): the
+    model's shape from its config.json, trainer.bf16's precision, the ranks (torchrun's WORLD_SIZE or
+    dist.learner_ranks) and `trainer.sharding` where set, a micro-batch of trainer.micro_batch_tokens, and
+    the KV cache of the rank's share of a step's generations when its engine runs in its process."""
+    from transformers import AutoConfig
+
+    ranks = max(cfg.dist.learner_ranks, int(os.environ.get("WORLD_SIZE", "1")))
+    sharding = "none" if getattr(cfg.trainer, "sharding", "none") in ("none", None) else "fsdp"
+    source = BATCH_SOURCES.spec(cfg.batches.source)
+    sequences = -(-cfg.rollout.prompts_per_step * cfg.rollout.group_size // ranks)
+    in_process = source.online and not cfg.dist.rollout_pool
+    kv_tokens = sequences * (cfg.task.max_prompt_tokens + cfg.rollout.max_new_tokens) if in_process else 0
+    algorithm = Algorithm(cfg.algo, cfg.rollout.max_new_tokens, policy_gradient=source.policy_gradient)
+    estimate = estimate_memory(ModelShape.from_hf(AutoConfig.from_pretrained(path)),
+                               precision="bf16_autocast" if resolve_bf16(cfg.trainer.bf16, device) else "fp32",
+                               sharding=sharding, ranks=ranks, micro_batch_tokens=cfg.trainer.micro_batch_tokens,
+                               checkpointing=cfg.trainer.gradient_checkpointing, kv_tokens=kv_tokens,
+                               reference=algorithm.needs_reference)
+    notes = [f"{ranks} rank{'s' if ranks > 1 else ''}, sharding {sharding}"] + (["with a reference model"] if algorithm.needs_reference else []) \
+        + (["LoRA trains only its adapters, so grads and optimiser are far smaller"] if cfg.model.lora else [])
+    return f"{estimate.line()} ({'; '.join(notes)})"
 
 
 def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
@@ -130,9 +157,9 @@ def data_parallel(cfg: Config) -> Parallel:
 
     joined = dist.is_initialized() and dist.get_world_size() > 1  # (vLLM opens a one-process group of its own)
     parallel = DataParallel() if joined else init_from_env()
-    if parallel.world_size > 1 and (cfg.rollout.max_staleness is not None or cfg.dist.backend != "none"
+    if parallel.world_size > 1 and (cfg.rollout.max_staleness is not None or cfg.dist.rollout_pool
                                     or cfg.rollout.engine != "hf" or cfg.algo.guards.enabled):
         raise ConfigError("a data-parallel run (several ranks) uses the synchronous loop with each rank's own hf "
-                          "engine and no guards: unset rollout.max_staleness, keep dist.backend=none, "
-                          "rollout.engine=hf and algo.guards.enabled=false")
+                          "engine and no guards: unset rollout.max_staleness, keep dist.backend=none (or ray "
+                          "with dist.learner_ranks > 1), rollout.engine=hf and algo.guards.enabled=false")
     return parallel
