@@ -108,9 +108,9 @@ def test_the_gradient_reaches_the_trunk_and_the_head_as_in_transformers(share_pr
 
 def test_a_term_reading_the_score_makes_the_learner_train_a_head_at_the_policy_lr(tmp_path):
     algo = Algorithm(AlgoConfig(terms=[TermConfig(name="score_to_one", coef=1.0)]), max_new_tokens=6)
-    assert algo.needs == {"score"} and algo.score_head
-    assert not Algorithm(AlgoConfig(), max_new_tokens=6).score_head
-    learner = Learner(model(), TrainerConfig(bf16=False, lr=1e-2, max_grad_norm=None), score_head=algo.score_head)
+    assert algo.needs == {"score"} and algo.score_labels == 1
+    assert not Algorithm(AlgoConfig(), max_new_tokens=6).score_labels
+    learner = Learner(model(), TrainerConfig(bf16=False, lr=1e-2, max_grad_norm=None), score_head=algo.score_labels)
     assert learner.optimizer.param_groups[-1]["lr"] == 1e-2
     batch = pair_batch()
     algo.prepare(batch)

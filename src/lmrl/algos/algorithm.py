@@ -3,7 +3,7 @@
 It turns a rollout batch into per-token advantages (`prepare`) and defines the objective the
 learner minimises (`objective`). The learner only sees these methods and what the algorithm
 declares it needs (`prepare_outputs`: model outputs before `prepare`; `needs`: model outputs in the
-training forward; `critic`: a value head; `score_head`: a reward model's scalar head), never the
+training forward; `critic`: a value head; `score_labels`: a reward model's head), never the
 names. What the configured estimator and loss need and guarantee is read from their declarations
 (`ADVANTAGES.spec`, `LOSSES.spec`). Methods with state between steps (`algos/state.py`) are driven
 through `after_update` and `replays`. The objective is the sum of the registered terms the config
@@ -92,14 +92,10 @@ class Algorithm:
         return (self.term_inputs | self.loss_spec.requires) & {"values", "hidden", "score", "token_scores", "logits"}
 
     @property
-    def score_head(self) -> bool:
-        """A reward model's head is trained: a term reads its "score" of each row's last token, or its
-        "token_scores" of each generated token (a process reward model's step head)."""
-        return bool(self.needs & SCORE_HEAD_LABELS.keys())
-
-    @property
     def score_labels(self) -> int:
-        """The score head's number of labels: 1 for a scalar reward model, 2 (bad, good) for a step head."""
+        """The score head's number of labels (0: none is trained): 1 for a scalar reward model, whose "score" of
+        each row's last token a term reads, 2 (bad, good) for a process reward model's step head, whose
+        "token_scores" of each generated token a term reads."""
         read = sorted(self.needs & SCORE_HEAD_LABELS.keys())
         if len(read) > 1:
             raise ValueError(f"the terms read both {read[0]!r} and {read[1]!r}: one score head serves one of them")

@@ -14,6 +14,7 @@ scores 0.0 with no step scores.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 
 from lmrl.algos.process_reward import good_probability
@@ -68,6 +69,7 @@ class ProcessRewardScore:
         self.aggregate, self.tokens, self.prompt_field = aggregate, tokens, prompt_field
         self.max_length, self.device, self.batch_size = max_length, device, batch_size
         self.lock = threading.Lock()
+        self.warned_cut = False  # the first reply whose steps were cut is shown
 
     def encode(self, sample: Sample) -> tuple[list[int], list[int]]:
         """(token ids, the step ends' positions in them) of a sample, cut to `max_length` (keeping the start)."""
@@ -87,7 +89,14 @@ class ProcessRewardScore:
                                split_steps(sample.text, self.separator), self.separator)
             prompt, completion, ends = encoded.prompt_ids, encoded.completion_ids, encoded.ends
         ids = (prompt + completion)[: self.max_length]
-        return ids, [len(prompt) + e for e in ends if len(prompt) + e < len(ids)]
+        kept = [len(prompt) + e for e in ends if len(prompt) + e < len(ids)]
+        if len(kept) < len(ends) and not self.warned_cut:
+            self.warned_cut = True
+            print(f"process_reward_model: a reply's last {len(ends) - len(kept)} of {len(ends)} steps lie past "
+                  f"max_length={self.max_length} tokens and are not scored (sample.info['prm_steps_cut'] counts "
+                  "them); raise max_length", file=sys.stderr)
+        sample.info["prm_steps_cut"] = len(ends) - len(kept)
+        return ids, kept
 
     def __call__(self, sample: Sample) -> float:
         return self.score_batch([sample])[0]
