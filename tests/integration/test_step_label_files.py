@@ -104,12 +104,12 @@ def test_labels_are_the_means_of_the_graded_outcomes(tmp_path):
     """The toy reward (a 7 anywhere in the reply) makes outcomes known: a step whose prefix holds a 7 has only
     correct continuations, and the last label is whether the solution has a 7."""
     cfg, pieces = pieces_for(tmp_path)
-    rows, tok = pieces.train_rows[:8], pieces.tokenizer
-    soft = label_steps(cfg, rows, pieces.engine, tok, solutions=4, k=4, generator=seeded(cfg)).rows
+    rows, tok = pieces.train_rows[:4], pieces.tokenizer
+    soft = label_steps(cfg, rows, pieces.engine, tok, solutions=4, k=3, generator=seeded(cfg)).rows
     forced = 0  # steps before the last whose prefix holds a 7
     for r in soft:
         assert len(r["completions"]) == len(r["labels"]) == len(r["outcomes"]) == len(r["step_tokens"])
-        assert [len(o) for o in r["outcomes"]] == [4] * (len(r["labels"]) - 1) + [1]
+        assert [len(o) for o in r["outcomes"]] == [3] * (len(r["labels"]) - 1) + [1]
         assert r["labels"] == pytest.approx([sum(o) / len(o) for o in r["outcomes"]])
         assert r["labels"][-1] == float(any("7" in step for step in r["completions"]))
         for j, label in enumerate(r["labels"]):
@@ -117,9 +117,9 @@ def test_labels_are_the_means_of_the_graded_outcomes(tmp_path):
                 assert label == 1.0
                 forced += j < len(r["labels"]) - 1
     assert forced and any(0 < x < 1 for r in soft for x in r["labels"]), "no forced or mixed steps: a weak test"
-    again = label_steps(cfg, rows, pieces.engine, tok, solutions=4, k=4, generator=seeded(cfg)).rows
+    again = label_steps(cfg, rows, pieces.engine, tok, solutions=4, k=3, generator=seeded(cfg)).rows
     assert again == soft
-    hard = label_steps(cfg, rows, pieces.engine, tok, solutions=4, k=4, hard=True, generator=seeded(cfg)).rows
+    hard = label_steps(cfg, rows, pieces.engine, tok, solutions=4, k=3, hard=True, generator=seeded(cfg)).rows
     assert [r["outcomes"] for r in hard] == [r["outcomes"] for r in soft]
     assert [r["labels"] for r in hard] == [[float(max(o)) for o in r["outcomes"]] for r in soft]
 
