@@ -188,7 +188,8 @@ def test_other_processes_environ_cannot_be_read(audit):
 
 @pytest.mark.parametrize("code", ["import os\nos.kill(os.getppid(), 9)", f"import os\nos.kill({PARENT}, 9)",
                                   "import os\nos.killpg(os.getpgid(0), 9)", f"import os\nos.killpg({os.getpgid(0)}, 9)",
-                                  "import os\nos.kill(-1, 9)", "import os\nos.kill(0, 9)"])
+                                  "import os\nos.kill(-1, 9)", "import os\nos.kill(0, 9)"],
+                         ids=["parent", "parent-by-pid", "own-group", "group-by-id", "everyone", "own-group-0"])
 def test_signalling_the_parent_or_its_group_is_refused(code):
     r = run(code)
     assert r.status == "error" and "not allowed" in r.stderr and os.getpid() == PARENT
