@@ -18,7 +18,6 @@ import sys
 import threading
 
 from lmrl.algos.process_reward import good_probability
-from lmrl.models.steps import DEFAULT_SEPARATOR, separator_ids, split_steps, step_ids
 from lmrl.rewards.functions import REWARD_FNS
 from lmrl.types import Sample
 
@@ -50,7 +49,7 @@ class ProcessRewardScore:
     """`AutoModelForTokenClassification` loaded once from `path`, scoring `batch_size` samples per forward on
     right-padded rows with their attention mask, behind a lock (one model shared by the reward threads)."""
 
-    def __init__(self, path: str, separator: str = DEFAULT_SEPARATOR, aggregate: str = "min", tokens: str = "text",
+    def __init__(self, path: str, separator: str = "\n", aggregate: str = "min", tokens: str = "text",
                  prompt_field: str = "question", max_length: int = 2048, device: str = "cpu", batch_size: int = 16):
         import torch
         from transformers import AutoModelForTokenClassification, AutoTokenizer
@@ -65,6 +64,8 @@ class ProcessRewardScore:
         if self.model.config.num_labels != 2:
             raise ValueError(f"process_reward_model {path} has {self.model.config.num_labels} labels; a process "
                              "reward model has 2 (bad, good)")
+        from lmrl.models.steps import separator_ids  # lmrl.models loads transformers; the registry must not
+
         self.separator, self.sep_ids = separator, separator_ids(self.tokenizer, separator)
         self.aggregate, self.tokens, self.prompt_field = aggregate, tokens, prompt_field
         self.max_length, self.device, self.batch_size = max_length, device, batch_size
@@ -85,6 +86,8 @@ class ProcessRewardScore:
                 raise KeyError(f"process_reward_model reads the prompt from the row field {self.prompt_field!r}, "
                                f"which this row lacks (fields: {', '.join(sorted(sample.row)) or 'none'}); set "
                                "prompt_field")
+            from lmrl.models.steps import split_steps, step_ids
+
             encoded = step_ids(self.tokenizer, str(sample.row[self.prompt_field]),
                                split_steps(sample.text, self.separator), self.separator)
             prompt, completion, ends = encoded.prompt_ids, encoded.completion_ids, encoded.ends
