@@ -74,9 +74,10 @@ def contains_seven(sample, **_):
 '''
 
 
-def save_tiny_model(path: Path) -> Path:
-    """The tiny Llama and its tokenizer as a transformers directory at `path` (for `model.path=`)."""
-    tok = make_tokenizer()
+def save_tiny_model(path: Path, tok=None) -> Path:
+    """The tiny Llama and its tokenizer (`make_tokenizer()` unless given) as a transformers directory at `path`
+    (for `model.path=`)."""
+    tok = tok or make_tokenizer()
     tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0).save_pretrained(path)
     tok.save_pretrained(path)
     return path

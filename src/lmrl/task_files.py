@@ -91,6 +91,15 @@ def _skipped(skipped) -> str:
     return f" ({', '.join(f'{n} {why}' for why, n in sorted(skipped.items()))} skipped)" if skipped else ""
 
 
+def _written(p: argparse.ArgumentParser, out: Path, rows: list[dict], skipped, what: str, why_none: str) -> int:
+    """Write `rows` to `out` and say so (with what was skipped); none at all is an error saying why."""
+    if not rows:
+        p.error(f"no {what}: {why_none}{_skipped(skipped)}")
+    write_rows(out, rows)
+    print(f"{len(rows)} {what} written to {out}{_skipped(skipped)}")
+    return 0
+
+
 def judge_rows(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     from lmrl.data.judge_rows import grrm_rows_from_pairs, grrm_rows_from_rollouts
     from lmrl.envs.tasks import TaskError
@@ -106,11 +115,7 @@ def judge_rows(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
                                                  a.rejected_score, a.max_score), {}
     except (TaskError, ValueError) as err:
         p.error(str(err))
-    if not rows:
-        p.error(f"no judge rows: every group was skipped{_skipped(skipped)}")
-    write_rows(a.out, rows)
-    print(f"{len(rows)} judge rows written to {a.out}{_skipped(skipped)}")
-    return 0
+    return _written(p, a.out, rows, skipped, "judge rows", "every group was skipped")
 
 
 def rubric_rows(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
@@ -124,11 +129,7 @@ def rubric_rows(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
                                   one_run)
     except TaskError as err:
         p.error(str(err))
-    if not rows:
-        p.error(f"no rubric rows: no prompt has a newer and an older reply{_skipped(skipped)}")
-    write_rows(a.out, rows)
-    print(f"{len(rows)} rubric rows written to {a.out}{_skipped(skipped)}")
-    return 0
+    return _written(p, a.out, rows, skipped, "rubric rows", "no prompt has a newer and an older reply")
 
 
 def steps(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import make_tokenizer, toy_run_config, write_toy_task
+from conftest import make_tokenizer, save_tiny_model, toy_run_config, write_toy_task
 from lmrl.data.step_labels import continue_prefixes, label_steps
 from lmrl.engines import SamplingParams
 from lmrl.envs import rollout
@@ -137,10 +137,7 @@ def test_an_answer_the_model_cannot_write_labels_every_step_zero(tmp_path):
 
 
 def saved_model(path):
-    tok = small_tokenizer()
-    tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return save_tiny_model(path, small_tokenizer())
 
 
 @pytest.fixture
