@@ -7,6 +7,8 @@ that are not a chat completion), a limit on concurrent requests, and a response 
 `cache_max_entries`), optionally mirrored to a JSON-lines file so a rerun does not pay for the same
 judgement twice. Every failure ends in a `JudgeError` naming the endpoint and
 the cause; the reward scorer then retries or excludes the sample (`reward.retries`, `reward.on_error`).
+`post` sends another route of the same server with the same timeout and retries (a served
+distillation teacher's `/v1/completions`).
 The parsers at the end read verdicts, scores, score lines and pairwise winners out of free-form
 replies, and raise `JudgeResponseError` when a reply holds none.
 """
