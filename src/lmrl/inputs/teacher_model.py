@@ -4,8 +4,9 @@ The student samples its own completions (the rollouts of an RL step); a frozen t
 shares the student's tokenizer, loaded once per run from the term's `model` setting (or, for `teacher_kl`,
 served over HTTP at its `endpoint`: `inputs.served_teacher`), scores the very same token ids, and the term
 is the per-token reverse KL D(π ‖ π_T) of the sampled tokens: with the `k1` estimator its gradient is
-(log π − log π_T)·∇log π, the policy gradient of the per-token reward log π_T − log π with discount 0 (spec §4.2 (b), the sampled-token form of on-policy distillation). It joins
-the policy-gradient loss under the method's aggregation, so an outcome reward may train beside it.
+(log π − log π_T)·∇log π, the policy gradient of the per-token reward log π_T − log π with discount 0
+(spec §4.2 (b), the sampled-token form of on-policy distillation). It joins the policy-gradient loss under
+the method's aggregation, so an outcome reward may train beside it.
 
 `gkd` is GKD's generalised Jensen–Shannon divergence JSD_β over the full vocabulary at every trained token
 (spec §4.1, `algos.preference_losses.generalized_jsd`), the teacher's logits against the student's: on the
