@@ -67,9 +67,11 @@ class ServedTeacher:
         lengths = batch.attention_mask.sum(1).tolist()
         rows = [batch.input_ids[r, : int(n)].tolist() for r, n in enumerate(lengths)]
         chunks = [rows[i: i + self.rows_per_request] for i in range(0, len(rows), self.rows_per_request)]
+        out = torch.zeros_like(batch.completion_mask)
+        if not chunks:
+            return out
         with ThreadPoolExecutor(max_workers=min(self.client.max_concurrency, len(chunks))) as pool:
             replies = [choice for reply in pool.map(self._score, chunks) for choice in reply]
-        out = torch.zeros_like(batch.completion_mask)
         for r, (ids, (tokens, logprobs)) in enumerate(zip(rows, replies)):
             self._check_tokens(ids, tokens, tokenizer)
             out[r, : len(ids) - 1] = torch.tensor(logprobs[1:], dtype=out.dtype)
