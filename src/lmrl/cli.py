@@ -400,7 +400,8 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("action", choices=["pull", "path"])
     m.add_argument("path", nargs="?")
     m.set_defaults(fn=cmd_models)
-    sv = sub.add_parser("serve", help="serve a model as an OpenAI-compatible chat endpoint (e.g. a local judge)")
+    sv = sub.add_parser("serve", help="serve a model as an OpenAI-compatible endpoint (e.g. a local judge, or a "
+                        "distillation teacher's token log-probs)")
     sv.add_argument("model", help="model directory, .gguf file, 'default', or a LoRA checkpoint's adapter directory")
     sv.add_argument("--base", help="the base model of a LoRA adapter directory (default: the run's model.path)")
     sv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
@@ -409,7 +410,8 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--device", default="auto",
                     help="auto (the first CUDA device when there is one), cpu, cuda or cuda:N")
     sv.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask for")
-    sv.add_argument("--max-batch-rows", type=int, default=32, help="most completions generated in one batched call")
+    sv.add_argument("--max-batch-rows", type=int, default=32,
+                    help="most completions (or scored prompts) in one batched call")
     sv.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond this are refused (HTTP 429)")
     sv.add_argument("--queue-timeout", type=float, default=120.0,
                     help="seconds a request may wait for its turn before it is refused (HTTP 503)")

@@ -3,7 +3,9 @@
 One worker thread owns the engine. Requests wait in arrival order; each engine call takes the
 oldest waiting request and every other waiting request that can share its call (same `n` and
 sampling settings, no `seed` of its own) up to a row and token budget, so a burst of judge calls
-costs one batched generation instead of one each. The queue is bounded twice: a request that finds
+costs one batched generation instead of one each. A scoring request (the log-probs of its prompts'
+own tokens, `/v1/completions` with `echo`) shares one forward pass with the scoring requests
+waiting beside it in the same way. The queue is bounded twice: a request that finds
 `max_queue` others waiting is refused at once (`QueueFull`, HTTP 429), and one that has waited
 `queue_timeout_s` without starting is withdrawn (`QueueTimeout`, HTTP 503). A running generation is
 never interrupted; the server bounds its length (context check, `max_tokens` limit) before it
@@ -31,21 +33,35 @@ class QueueTimeout(RuntimeError):
 
 @dataclass(eq=False)
 class Job:
-    """One request's generation: its inputs, then its completions (or the error that stopped them)."""
+    """One request's engine work: its prompts, then one result per prompt (or the error that stopped them).
 
-    prompt: list[int]
+    `params` None makes it a scoring job: each prompt's token log-probs with the `top` likeliest tokens at each
+    position (`HFEngine.score`); otherwise `n` completions of each prompt."""
+
+    prompts: list[list[int]]
     n: int
-    params: SamplingParams
+    params: SamplingParams | None
     generator: torch.Generator | None
+    top: int = 0
     done: threading.Event = field(default_factory=threading.Event)
     started: bool = False
-    result: list[Completion] | None = None
+    result: list | None = None
     error: BaseException | None = None
+
+    @property
+    def new_tokens(self) -> int:
+        return 0 if self.params is None else self.params.max_new_tokens
 
     def joins(self, first: "Job") -> bool:
         """Whether this job may share `first`'s engine call (a seeded job keeps its own generator)."""
         return (self.generator is None and first.generator is None and self.n == first.n
-                and self.params == first.params)
+                and self.params == first.params and self.top == first.top)
+
+    def run(self, engine, prompts: list[list[int]]) -> list:
+        """The engine call of a batch led by this job, over every prompt of the batch."""
+        if self.params is None:
+            return engine.score(prompts, self.top)
+        return engine.generate(prompts, self.n, self.params, self.generator)
 
 
 class GenerationQueue:
@@ -75,7 +91,14 @@ class GenerationQueue:
     def submit(self, prompt: list[int], n: int, params: SamplingParams,
                generator: torch.Generator | None = None) -> list[Completion]:
         """`n` completions of `prompt`, once the jobs ahead of it are done."""
-        job = Job(prompt, n, params, generator)
+        return self.run(Job([prompt], n, params, generator))[0]
+
+    def submit_many(self, prompts: list[list[int]], n: int, params: SamplingParams | None, top: int = 0) -> list:
+        """For each of `prompts`: `n` completions, or (`params` None) its scores (`HFEngine.score`), in one job."""
+        return self.run(Job(prompts, n, params, None, top))
+
+    def run(self, job: Job) -> list:
+        """`job`'s results, once the jobs ahead of it are done."""
         with self._cond:
             if self._closed:
                 raise RuntimeError("the generation queue is closed")
@@ -110,15 +133,15 @@ class GenerationQueue:
     def _take(self) -> list[Job]:
         """The oldest waiting job and the waiting jobs that can share its call, within the budgets."""
         first = self._waiting.popleft()
-        batch, width = [first], len(first.prompt)
+        batch, rows, width = [first], len(first.prompts) * first.n, max(map(len, first.prompts))
         for job in list(self._waiting):
-            rows, wider = (len(batch) + 1) * first.n, max(width, len(job.prompt))
-            if not job.joins(first) or rows > self.max_batch_rows:
+            more, wider = rows + len(job.prompts) * first.n, max(width, *map(len, job.prompts))
+            if not job.joins(first) or more > self.max_batch_rows:
                 continue
-            if rows * (wider + first.params.max_new_tokens) > self.max_batch_tokens:
+            if more * (wider + first.new_tokens) > self.max_batch_tokens:
                 continue
             batch.append(job)
-            width = wider
+            rows, width = more, wider
             self._waiting.remove(job)
         for job in batch:
             job.started = True
@@ -134,9 +157,9 @@ class GenerationQueue:
                 batch = self._take()
             started = time.perf_counter()
             try:
-                out = self.engine.generate([j.prompt for j in batch], batch[0].n, batch[0].params, batch[0].generator)
-                for job, completions in zip(batch, out):
-                    job.result = completions
+                out = batch[0].run(self.engine, [p for job in batch for p in job.prompts])
+                for job in batch:
+                    job.result, out = out[: len(job.prompts)], out[len(job.prompts):]
             except Exception as err:  # every job of the call answers with the failure (HTTP 500)
                 for job in batch:
                     job.error = err

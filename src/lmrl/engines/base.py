@@ -32,6 +32,15 @@ class Completion:
     policy_version: list[int] = field(default_factory=list)
 
 
+@dataclass
+class TokenScores:
+    """A token sequence scored by a model: the log-prob of each token after the first given the tokens before it,
+    and at each of those positions the likeliest tokens as (token id, log-prob), best first."""
+
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]]
+
+
 class Engine(Protocol):
     version: int
 

@@ -5,6 +5,7 @@ rows leave the batch (per-sample stop at EOS), and the log-prob of every sampled
 sampling distribution is returned as the behaviour log-prob. With `SamplingParams.keep_prefix` the
 KV of finished rows is kept for the next such call, which prefills only what each prompt adds to a
 stored prefix (multi-turn episodes; `lmrl.engines.prefix_cache`, counters in `prefix_stats`).
+`score` gives the log-probs of given token ids instead (`lmrl serve`'s `/v1/completions` with `echo`).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import inspect
 
 import torch
 
-from lmrl.engines.base import ENGINES, Completion, SamplingParams
+from lmrl.engines.base import ENGINES, Completion, SamplingParams, TokenScores
 from lmrl.engines.kv_cache import decode_cache
 from lmrl.engines.prefix_cache import PrefixStore, batch_inputs, reusable
 
@@ -117,6 +118,50 @@ class HFEngine:
                 group.append(Completion(tokens[row], logprobs[row], "stop" if stops[row] else "length",
                                         [self.version] * len(tokens[row])))
             out.append(group)
+        return out
+
+    @torch.no_grad()
+    def score(self, prompts: list[list[int]], top: int = 0, chunk_positions: int = 1024) -> list[TokenScores]:
+        """The log-prob of each prompt token given the tokens before it, by one forward pass of the right-padded
+        batch (the model's own distribution: temperature 1), with the `top` likeliest tokens at each of those
+        positions. The first token has no prefix, so a prompt of L tokens has L - 1 scores. The LM head runs on
+        `chunk_positions` positions at a time: memory is that many rows of the vocabulary, not the batch's."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for r, p in enumerate(prompts):
+            ids[r, : len(p)], attn[r, : len(p)] = torch.tensor(p, dtype=torch.long), 1
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._autocast():
+                hidden = self.model.get_decoder()(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
+                                                  position_ids=positions.to(self.device),
+                                                  use_cache=False).last_hidden_state
+                rows, cols = torch.nonzero(attn[:, 1:], as_tuple=True)  # position t predicts token t + 1
+                targets = ids[rows, cols + 1].to(self.device)
+                picked = hidden[rows.to(self.device), cols.to(self.device)]
+                own, best, best_ids = [], [], []
+                for start in range(0, len(targets), chunk_positions):
+                    logp = torch.log_softmax(
+                        self.model.get_output_embeddings()(picked[start: start + chunk_positions]).float(), -1)
+                    own.append(logp.gather(1, targets[start: start + chunk_positions, None]).squeeze(1).cpu())
+                    if top:
+                        values, indices = logp.topk(top, -1)
+                        best.append(values.cpu())
+                        best_ids.append(indices.cpu())
+        finally:
+            self.model.train(was_training)
+        own_lp = torch.cat(own).tolist() if own else []
+        best_lp = torch.cat(best).tolist() if best else [[] for _ in own_lp]
+        best_id = torch.cat(best_ids).tolist() if best_ids else [[] for _ in own_lp]
+        out, at = [], 0
+        for p in prompts:
+            count = len(p) - 1
+            out.append(TokenScores(own_lp[at: at + count],
+                                   [list(zip(i, v)) for i, v in zip(best_id[at: at + count], best_lp[at: at + count])]))
+            at += count
         return out
 
     def _decode(self, prompts, n, params: SamplingParams, generator):

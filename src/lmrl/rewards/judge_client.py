@@ -7,6 +7,8 @@ that are not a chat completion), a limit on concurrent requests, and a response 
 `cache_max_entries`), optionally mirrored to a JSON-lines file so a rerun does not pay for the same
 judgement twice. Every failure ends in a `JudgeError` naming the endpoint and
 the cause; the reward scorer then retries or excludes the sample (`reward.retries`, `reward.on_error`).
+`post` sends another route of the same server with the same timeout and retries (a served
+distillation teacher's `/v1/completions`).
 The parsers at the end read verdicts, scores, score lines and pairwise winners out of free-form
 replies, and raise `JudgeResponseError` when a reply holds none.
 """
@@ -23,7 +25,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import requests
 
@@ -155,7 +157,15 @@ class JudgeClient:
             return list(pool.map(lambda job: self.chat(job[0], **{**overrides, **job[1]}), jobs))
 
     def _post_with_retries(self, body: dict[str, Any]) -> dict[str, Any]:
-        problem = ""
+        return self.post("/chat/completions", body, chat_reply)
+
+    def post(self, route: str, body: dict[str, Any], read: Callable[[requests.Response], Any],
+             what: str = "judge") -> Any:
+        """POST `body` to `base_url` + `route` with this client's timeout, retries and backoff; `read` takes the
+        response and returns what the caller keeps, raising `JudgeHTTPError` for an error status (`reply_json`) and
+        `JudgeResponseError` (retried) for a reply it cannot use. A 4xx other than 408/429 fails at once; `what`
+        names the endpoint's role in the errors."""
+        url, problem = self.base_url.rstrip("/") + route, ""
         for attempt in range(self.retries + 1):
             if attempt:
                 self._count("retries")
@@ -163,9 +173,8 @@ class JudgeClient:
             try:
                 with self._slots:
                     self._count("requests")
-                    response = self._session().post(self.url, json=body, headers=self._headers(),
-                                                    timeout=self.timeout_s)
-                return self._parse(response)
+                    response = self._session().post(url, json=body, headers=self._headers(), timeout=self.timeout_s)
+                return read(response)
             except requests.Timeout:
                 problem = f"timed out after {self.timeout_s}s"
             except requests.ConnectionError as err:
@@ -173,12 +182,12 @@ class JudgeClient:
             except JudgeHTTPError as err:
                 if err.status < 500 and err.status not in RETRY_STATUS:
                     self._count("failures")
-                    raise
+                    raise JudgeHTTPError(f"{what} {url}: {err}", err.status) from None
                 problem = str(err)
             except JudgeResponseError as err:
                 problem = str(err)
         self._count("failures")
-        raise JudgeError(f"judge {self.url} (model {self.model!r}) failed after {self.retries + 1} attempt(s): "
+        raise JudgeError(f"{what} {url} (model {self.model!r}) failed after {self.retries + 1} attempt(s): "
                          f"{problem}")
 
     def _count(self, what: str) -> None:
@@ -188,18 +197,6 @@ class JudgeClient:
     def _backoff(self, attempt: int) -> float:
         wait = min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1))
         return wait * random.uniform(1 - self.jitter, 1 + self.jitter)
-
-    def _parse(self, response: requests.Response) -> dict[str, Any]:
-        if response.status_code != 200:
-            raise JudgeHTTPError(f"HTTP {response.status_code}: {response.text[:200]}", response.status_code)
-        try:
-            reply = response.json()
-            content = reply["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise JudgeResponseError(f"not a chat completion: {response.text[:200]!r}") from None
-        if not isinstance(content, str):
-            raise JudgeResponseError(f"choice content is {type(content).__name__}, not text")
-        return reply
 
     def _remember(self, key: str, reply: dict) -> None:
         self._cache[key] = reply
@@ -215,6 +212,29 @@ class JudgeClient:
                 self._remember(entry["key"], entry["reply"])
             except (ValueError, KeyError, TypeError):
                 continue
+
+
+def reply_json(response: requests.Response, expected: str) -> Any:
+    """The JSON of a 200 reply; `JudgeHTTPError` for another status, `JudgeResponseError` (saying it is not
+    `expected`) for a body that is not JSON."""
+    if response.status_code != 200:
+        raise JudgeHTTPError(f"HTTP {response.status_code}: {response.text[:200]}", response.status_code)
+    try:
+        return response.json()
+    except ValueError:
+        raise JudgeResponseError(f"not {expected}: {response.text[:200]!r}") from None
+
+
+def chat_reply(response: requests.Response) -> dict[str, Any]:
+    """The reply if it is a chat completion whose first choice holds text, else `JudgeResponseError`."""
+    reply = reply_json(response, "a chat completion")
+    try:
+        content = reply["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise JudgeResponseError(f"not a chat completion: {response.text[:200]!r}") from None
+    if not isinstance(content, str):
+        raise JudgeResponseError(f"choice content is {type(content).__name__}, not text")
+    return reply
 
 
 # ---------------------------------------------------------------- reading judge replies
