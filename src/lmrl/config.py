@@ -121,13 +121,19 @@ class DistConfig(Section):
     `hf` engine with its own copy of the weights, as objects in this process (local) or as Ray actors
     (ray, the `ray` extra, the learner in an actor too); or, on Ray, `learner_ranks` data-parallel
     learner actors, each generating its share of every batch as torchrun ranks do. `placement` is the
-    Ray placement group's strategy over the learner's and the workers' bundles."""
+    Ray placement group's strategy over the learner's and the workers' bundles. With `servers`, each
+    worker is an engine server hosting `rollout.engine` (hf or vllm) in a process of its own (local)
+    or a Ray actor (ray), its weights broadcast by the learner through a torch.distributed group."""
     backend: Literal["none", "local", "ray"] = "none"
     rollout_workers: int = Field(2, ge=1)
     worker_threads: int = Field(1, ge=1)  # torch threads (and Ray CPUs) per rollout worker
     max_restarts: int = Field(3, ge=0)  # a rollout worker that dies is restarted this often; its prompts re-run
     learner_ranks: int = Field(1, ge=1)  # > 1: data-parallel learner ranks as Ray actors (dist.backend: ray)
     placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"  # Ray bundles over nodes
+    servers: bool = False  # each rollout worker an engine server apart from the learner (docs/scaling.md)
+    broadcast: Literal["auto", "gloo", "nccl"] = "auto"  # servers: the weight group's backend; auto: nccl on GPUs
+    server_devices: list[str] = Field(default_factory=list)  # servers: one device each ("cuda:1", …); none: CPU
+    broadcast_changed: bool = False  # servers: send only the tensors that moved since the last version
 
     @property
     def rollout_pool(self) -> bool:

@@ -73,14 +73,25 @@ def _registered(cfg: Config) -> None:
 
 
 def _rollout_workers(cfg: Config) -> None:
-    """Rollout workers are `hf` engines; learner ranks as actors need Ray (docs/scaling.md)."""
-    if cfg.dist.backend != "none" and cfg.rollout.engine != "hf":
-        raise ConfigError(f"dist.backend={cfg.dist.backend} runs hf rollout workers; rollout.engine="
-                          f"{cfg.rollout.engine} runs in the learner's process: use dist.backend=none with it")
-    if cfg.dist.learner_ranks > 1 and cfg.dist.backend != "ray":
-        raise ConfigError(f"dist.learner_ranks={cfg.dist.learner_ranks} places learner ranks as Ray actors: set "
+    """Rollout workers are `hf` engines; engine servers host hf or vllm; learner ranks as actors need Ray
+    (docs/scaling.md)."""
+    d = cfg.dist
+    if d.backend != "none" and cfg.rollout.engine != "hf" and not d.servers:
+        raise ConfigError(f"dist.backend={d.backend} runs hf rollout workers; rollout.engine={cfg.rollout.engine} "
+                          "runs in the learner's process or in engine servers: set dist.servers=true, or use "
+                          "dist.backend=none with it")
+    if (d.servers or d.server_devices or d.broadcast_changed or d.broadcast != "auto") and d.backend == "none":
+        raise ConfigError("dist.servers and its settings need dist.backend=local (server processes on this "
+                          "machine) or ray (Ray actors)")
+    if d.server_devices and len(d.server_devices) != d.rollout_workers:
+        raise ConfigError(f"dist.server_devices names {len(d.server_devices)} devices for "
+                          f"dist.rollout_workers={d.rollout_workers} servers: give one per server")
+    if d.servers and d.learner_ranks > 1:
+        raise ConfigError("dist.servers serves one learner: keep dist.learner_ranks=1 with it")
+    if d.learner_ranks > 1 and d.backend != "ray":
+        raise ConfigError(f"dist.learner_ranks={d.learner_ranks} places learner ranks as Ray actors: set "
                           "dist.backend=ray (or launch the ranks with torchrun and keep dist.learner_ranks=1)")
-    if cfg.dist.learner_ranks > 1 and (cfg.rollout.max_staleness is not None or cfg.algo.guards.enabled):
+    if d.learner_ranks > 1 and (cfg.rollout.max_staleness is not None or cfg.algo.guards.enabled):
         raise ConfigError("dist.learner_ranks > 1 (data-parallel ranks) uses the synchronous loop without guards: "
                           "unset rollout.max_staleness and keep algo.guards.enabled=false")
 

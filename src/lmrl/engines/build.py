@@ -4,6 +4,7 @@ from __future__ import annotations
 from lmrl.config import Config
 from lmrl.engines.base import ENGINES, SamplingParams
 from lmrl.engines.hf import HFEngine
+from lmrl.engines.server_pool import ServerPool, spec_for
 from lmrl.engines.workers import WorkerPool
 from lmrl.models.precision import resolve_bf16
 from lmrl.models.weights import detached_copy
@@ -22,12 +23,15 @@ def eos_ids(tokenizer, model) -> list[int]:
 
 def build_engine(cfg: Config, model, tokenizer):
     """The rollout engine `rollout.engine` over `model`, stopping at every EOS the model declares; with
-    `dist.backend` set and one learner rank, a pool of `hf` rollout workers (`engines.workers`) instead.
+    `dist.backend` set and one learner rank, a pool of `hf` rollout workers (`engines.workers`) instead, and
+    with `dist.servers` engine servers hosting `rollout.engine` (`engines.server_pool`).
 
     An engine with settings of its own (context length, memory) reads them in its `from_config`.
     """
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     bf16 = resolve_bf16(cfg.trainer.bf16, next(model.parameters()).device)
+    if cfg.dist.servers:
+        return server_pool(cfg, model, eos_ids(tokenizer, model), pad, bf16)
     if cfg.dist.rollout_pool:
         d = cfg.dist
         return WorkerPool(model, eos_ids(tokenizer, model), pad, bf16, workers=d.rollout_workers,
@@ -36,6 +40,16 @@ def build_engine(cfg: Config, model, tokenizer):
     if hasattr(engine, "from_config"):
         return engine.from_config(cfg, model, eos_ids(tokenizer, model), pad, bf16=bf16)
     return engine(model, eos_ids(tokenizer, model), pad, bf16=bf16)
+
+
+def server_pool(cfg: Config, model, eos_token_ids: list[int], pad_token_id: int, bf16: bool) -> ServerPool:
+    """`dist.rollout_workers` engine servers hosting `rollout.engine`, with the engine's own settings."""
+    d, engine = cfg.dist, ENGINES.get(cfg.rollout.engine)
+    options = engine.options(cfg, model) if hasattr(engine, "options") else {}
+    spec = spec_for(model, cfg.rollout.engine, eos_token_ids, pad_token_id, bf16, threads=d.worker_threads,
+                    options=options)
+    return ServerPool(model, spec, servers=d.rollout_workers, backend=d.backend, max_restarts=d.max_restarts,
+                      broadcast=d.broadcast, devices=d.server_devices, only_changed=d.broadcast_changed)
 
 
 def async_engines(cfg: Config, engine, model, tokenizer):

@@ -182,6 +182,11 @@ class VLLMEngine:
     @classmethod
     def from_config(cls, cfg, model, eos_token_ids: list[int], pad_token_id: int, bf16: bool) -> "VLLMEngine":
         """The engine for a run: context length and KV-cache room from the task and rollout settings."""
+        return cls(model, eos_token_ids, pad_token_id, bf16=bf16, **cls.options(cfg, model))
+
+    @staticmethod
+    def options(cfg, model) -> dict:
+        """The engine's keyword settings for a run (also what an engine server hosting it is given)."""
         v, r = cfg.rollout.vllm, cfg.rollout
         longest = max(r.max_new_tokens, cfg.eval.max_new_tokens or 0)
         episode = cfg.env.max_episode_tokens if cfg.env.name else 0  # earlier turns precede a multi-turn prompt
@@ -190,9 +195,9 @@ class VLLMEngine:
         if v.max_model_len is None and positions:
             max_len = min(max_len, positions)
         rows = max(r.prompts_per_step * r.group_size * (1 + len(cfg.task.prompt_variants)), cfg.eval.batch_size)
-        return cls(model, eos_token_ids, pad_token_id, bf16=bf16, max_model_len=max_len, kv_cache_gib=v.kv_cache_gib,
-                   gpu_memory_utilization=v.gpu_memory_utilization, enforce_eager=v.enforce_eager,
-                   sleep_during_update=v.sleep_during_update, seed=cfg.trainer.seed, kv_rows=rows)
+        return dict(max_model_len=max_len, kv_cache_gib=v.kv_cache_gib, gpu_memory_utilization=v.gpu_memory_utilization,
+                    enforce_eager=v.enforce_eager, sleep_during_update=v.sleep_during_update, seed=cfg.trainer.seed,
+                    kv_rows=rows)
 
     def update_weights(self, named_tensors: dict[str, torch.Tensor] | None, version: int) -> dict[str, float]:
         """Push the held model's current weights (None), or `named_tensors` over them, into vLLM."""

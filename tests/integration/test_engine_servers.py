@@ -1,0 +1,134 @@
+"""Engine servers (`dist.servers`), run for real: `hf` engines in processes of their own, weights broadcast
+through a gloo group. After a broadcast a server generates what the in-process engine generates with the
+new weights, reports the version it holds, receives only what moved when asked to, and a server killed
+mid-run is restarted with its prompts re-run: the run ends as the in-process rollout workers' run."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from conftest import make_tokenizer, toy_run_config
+from lmrl.engines import HFEngine, SamplingParams
+from lmrl.engines.server_pool import ServerPool, spec_for
+from lmrl.engines.workers import WorkerPool
+from lmrl.loops import build_stages, train
+from lmrl.models import tiny_llama
+
+PROMPTS = ["q1 say 7", "hello there how are you", "a", "q3 say 7 or 8 or 9 please now", "say"]
+
+
+def tiny(seed: int):
+    return tiny_llama(len(make_tokenizer()), hidden=32, layers=2, heads=4, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    return [tok.encode(p) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def learner_and_pool(tok):
+    learner = tiny(0)
+    pool = ServerPool(learner, spec_for(learner, "hf", [tok.eos_token_id], tok.pad_token_id, False), servers=2)
+    yield learner, pool
+    pool.close()
+
+
+def ids(groups):
+    return [[c.token_ids for c in g] for g in groups]
+
+
+def test_greedy_after_an_update_equals_the_in_process_engine_with_the_new_weights(learner_and_pool, tok, prompts):
+    _, pool = learner_and_pool
+    new = tiny(1)
+    greedy = SamplingParams(max_new_tokens=24, greedy=True)
+    before = pool.generate(prompts, 2, greedy)
+    synced = pool.update_weights({k: v.clone() for k, v in new.state_dict().items()}, 3)
+    theirs = HFEngine(new, [tok.eos_token_id], tok.pad_token_id).generate(prompts, 2, greedy)
+    ours = pool.generate(prompts, 2, greedy)
+    assert ids(ours) == ids(theirs) != ids(before)
+    for g_ours, g_theirs in zip(ours, theirs):
+        for a, b in zip(g_ours, g_theirs):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-5)
+            assert a.policy_version == [3] * len(a.token_ids)  # reported by the server, from what it loaded
+    assert pool.server_versions() == [3, 3]
+    n_params = sum(t.numel() for t in new.state_dict().values())
+    assert synced["weight_sync/mb"] == pytest.approx(n_params * 4 / 2**20)
+    assert synced["timing/weight_sync_s"] > 0
+
+
+def test_sampled_tokens_equal_a_pool_of_in_process_workers(learner_and_pool, tok, prompts):
+    learner, pool = learner_and_pool
+    pool.update_weights(None, 4)  # the learner's module, read now
+    workers = WorkerPool(learner, [tok.eos_token_id], tok.pad_token_id, False, workers=2)
+    sampled = SamplingParams(max_new_tokens=16, temperature=0.9, top_k=20)
+    ours = pool.generate(prompts, 3, sampled, torch.Generator().manual_seed(5))
+    theirs = workers.generate(prompts, 3, sampled, torch.Generator().manual_seed(5))
+    workers.close()
+    assert ids(ours) == ids(theirs)
+    assert ours[0][0].logprobs == theirs[0][0].logprobs
+
+
+def test_only_the_tensors_that_moved_are_sent(learner_and_pool, tok, prompts):
+    learner, pool = learner_and_pool
+    pool.update_weights(None, 5)
+    pool.only_changed = True
+    try:
+        assert pool.update_weights(None, 6)["weight_sync/mb"] == 0.0  # nothing moved since version 5
+        norm = learner.model.layers[1].post_attention_layernorm.weight
+        with torch.no_grad():
+            norm.mul_(-2.0)  # in place, as an optimiser step: its version counter moves
+        assert pool.update_weights(None, 7)["weight_sync/mb"] == pytest.approx(32 * 4 / 2**20)
+        greedy = SamplingParams(max_new_tokens=16, greedy=True)
+        theirs = HFEngine(learner, [tok.eos_token_id], tok.pad_token_id).generate(prompts, 1, greedy)
+        assert ids(pool.generate(prompts, 1, greedy)) == ids(theirs)
+        assert pool.server_versions() == [7, 7]
+    finally:
+        pool.only_changed = False
+        with torch.no_grad():
+            norm.div_(-2.0)
+
+
+def run(tmp_path, servers: bool, hook=None):
+    cfg = toy_run_config(tmp_path / str(servers), 3, rollout={"max_staleness": 1},
+                         dist={"backend": "local", "rollout_workers": 2, "servers": servers})
+    tok = make_tokenizer()
+    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
+    if hook:
+        hook(stages.engine)
+    result = train(cfg, stages=stages)
+    rows = [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    params = {k: v.detach().clone() for k, v in stages.model.state_dict().items()}
+    stages.engine.close()
+    return params, rows, stages.engine
+
+
+def test_a_killed_server_is_restarted_and_the_run_ends_as_the_in_process_workers_run(tmp_path):
+    def kill_during_second_rollout(pool: ServerPool):
+        server, submit, sent = pool.servers[0], pool.servers[0].submit, []
+
+        def killing_submit(method, *args):
+            submit(method, *args)
+            sent.append(method)
+            if sent.count("generate") == 2:  # the second rollout's chunk is in flight
+                os.kill(server.pid, signal.SIGKILL)
+
+        server.submit = killing_submit
+
+    local_params, local_rows, _ = run(tmp_path, servers=False)
+    params, rows, pool = run(tmp_path, servers=True, hook=kill_during_second_rollout)
+    assert pool.restarts == 1
+    for k in local_params:
+        assert torch.equal(local_params[k], params[k]), k
+    assert [r.get("reward/mean") for r in rows] == [r.get("reward/mean") for r in local_rows]
+    assert [r["async/staleness"] for r in rows if "async/staleness" in r] == [0.0, 1.0, 1.0]
+    assert all(r["timing/weight_sync_s"] > 0 for r in rows if "timing/weight_sync_s" in r)
