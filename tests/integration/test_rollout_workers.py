@@ -89,3 +89,30 @@ def test_the_learner_runs_in_a_ray_actor_and_gives_the_in_process_run(tmp_path):
         runs[backend] = load_file(str(result.run_dir / "checkpoints" / "step-000003" / "model" / "model.safetensors"))
     assert runs["local"].keys() == runs["ray"].keys()
     assert_same(runs["local"], runs["ray"])
+
+
+def test_engine_servers_as_ray_actors_give_the_in_process_workers_tokens():
+    """`dist.servers` with `dist.backend: ray`: hf engine servers as actors, weights broadcast through gloo."""
+    from lmrl.engines import SamplingParams
+    from lmrl.engines.server_pool import ServerPool, spec_for
+
+    tok = make_tokenizer()
+    learner = tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0)
+    pool = ServerPool(learner, spec_for(learner, "hf", [tok.eos_token_id], tok.pad_token_id, False), servers=2,
+                      backend="ray")
+    workers = WorkerPool(learner, [tok.eos_token_id], tok.pad_token_id, False, workers=2)
+    try:
+        with torch.no_grad():
+            for p in learner.parameters():
+                p.mul_(1.5)  # an update the servers receive by broadcast, the in-process workers by reference
+        pool.update_weights(None, 1)
+        workers.update_weights(None, 1)
+        prompts = [tok.encode(p) for p in ["q1 say 7", "hello", "a b c"]]
+        params = SamplingParams(max_new_tokens=12, temperature=0.8)
+        ours = pool.generate(prompts, 2, params, torch.Generator().manual_seed(3))
+        theirs = workers.generate(prompts, 2, params, torch.Generator().manual_seed(3))
+        assert [[c.token_ids for c in g] for g in ours] == [[c.token_ids for c in g] for g in theirs]
+        assert {v for g in ours for c in g for v in c.policy_version} == {1}
+    finally:
+        pool.close()
+        workers.close()
