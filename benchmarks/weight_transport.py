@@ -1,12 +1,18 @@
 """Weight transports side by side: seconds per MB to send one version and open it on the other side.
 
-    python benchmarks/weight_transport.py [--model default|tiny] [--repeats 5]
+    python benchmarks/weight_transport.py [--model default|mid|tiny] [--repeats 5] [--servers 1,2]
 
 For each registered transport (`lmrl.engines.weight_sync`: in_process, shared_file, ray when Ray is
 installed) it sends the policy's inference weights (SmolLM2-135M: 513 MB in fp32) and receives them,
 `--repeats` times, and prints the median send, receive and total time, and the total per MB. The
 `ray` receive is timed in this process (Ray's object store, same node); an actor on another machine
 pays the network on top. A worker's own load into its model (`load_state_dict`) is not included.
+
+Then the broadcast to engine servers (`engines.server_pool`, gloo), once per count in `--servers`:
+`hf` servers in their own processes, and `update_weights` timed at the learner. "send" is the
+collectives alone (the learner blocked in them while the servers receive); "receive" is the rest,
+until every server has unpacked the buckets and loaded them into its model, which is included here.
+`--model mid` is a random Llama of about 100 MB (no download).
 """
 from __future__ import annotations
 
@@ -16,19 +22,25 @@ import time
 
 from machine import cpu_model, load_average
 
+MODELS = {"tiny": (1000, dict(hidden=64, layers=2, heads=4)), "mid": (8192, dict(hidden=512, layers=6, heads=8))}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="default", help="`default` (SmolLM2) or `tiny` (a 2-layer random Llama)")
+    ap.add_argument("--model", default="default",
+                    help="`default` (SmolLM2), `mid` (a random Llama of ~100 MB) or `tiny` (a 2-layer random Llama)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--servers", default="1,2", help="engine-server counts to broadcast to (empty: none)")
     args = ap.parse_args()
 
     from lmrl.engines.weight_sync import WEIGHT_TRANSPORTS
     from lmrl.models import load_model, resolve_model_path, tiny_llama
     from lmrl.models.weights import inference_weights
 
-    model = tiny_llama(1000, hidden=64, layers=2, heads=4, seed=0) if args.model == "tiny" else \
-        load_model(resolve_model_path(args.model))
+    if args.model in MODELS:
+        model = tiny_llama(MODELS[args.model][0], **MODELS[args.model][1], seed=0)
+    else:
+        model = load_model(resolve_model_path(args.model))
     names = [n for n in WEIGHT_TRANSPORTS.names() if n != "ray" or _has_ray()]
     print(f"CPU: {cpu_model()}; load average {load_average()}")
     print(f"{'transport':<12} {'MB':>7} {'send s':>8} {'receive s':>10} {'total s':>8} {'ms/MB':>7}")
@@ -49,6 +61,27 @@ def main() -> None:
         send, receive = statistics.median(sends), statistics.median(receives)
         print(f"{name:<12} {size:7.1f} {send:8.3f} {receive:10.3f} {send + receive:8.3f} "
               f"{1000 * (send + receive) / size:7.2f}")
+    for servers in [int(n) for n in args.servers.split(",") if n]:
+        send, total, size = broadcast(model, servers, args.repeats)
+        print(f"{f'broadcast×{servers}':<12} {size:7.1f} {send:8.3f} {total - send:10.3f} {total:8.3f} "
+              f"{1000 * total / size:7.2f}")
+
+
+def broadcast(model, servers: int, repeats: int) -> tuple[float, float, float]:
+    """Median seconds of the collectives and of the whole `update_weights` to `servers` hf servers; MB sent."""
+    from lmrl.engines.server_pool import ServerPool, spec_for
+
+    pool = ServerPool(model, spec_for(model, "hf", [0], 0, False), servers=servers)
+    sends, totals, size = [], [], 0.0
+    try:
+        for version in range(1, repeats + 1):
+            metrics = pool.update_weights(None, version)
+            sends.append(pool.last_send_s)
+            totals.append(metrics["timing/weight_sync_s"])
+            size = metrics["weight_sync/mb"]
+    finally:
+        pool.close()
+    return statistics.median(sends), statistics.median(totals), size
 
 
 def _has_ray() -> bool:

@@ -63,7 +63,7 @@ class ServerPool:
         self.broadcaster = Broadcaster(backend_name, learner_device if backend_name == "nccl" else torch.device("cpu"),
                                        host, timeout_s)
         self.timeout_s = timeout_s
-        self.last_sync = [0.0, 0]  # seconds and bytes of the last broadcast
+        self.last_sync, self.last_send_s = [0.0, 0], 0.0  # seconds and bytes of the last broadcast
         self.servers = [self._start(i) for i in range(servers)]
         died = self._collect(range(servers))  # their "ready"
         if died:
@@ -201,10 +201,12 @@ class ServerPool:
             except ServerDied:
                 died.append(i)
         if not died:
+            sending = time.perf_counter()
             try:
                 self.broadcaster.send(plan, tensors)
             except RuntimeError:
                 pass  # a server gone mid-broadcast: its reply says which
+            self.last_send_s = time.perf_counter() - sending  # the collectives alone, without the servers' loads
         died = sorted(set(died) | set(self._collect([i for i in range(len(self.servers)) if i not in died])))
         if not died:
             self.tracker.record(weights)
