@@ -8,9 +8,10 @@ engine on the learner's module), `servers`
 (one `hf` engine server in its own process, weights broadcast through gloo), every process with one torch thread,
 and the same two with rollouts one version ahead (`rollout.max_staleness=1`: `colocated_async1`,
 whose engine is a copy of the model in a thread of the learner's process, and `servers_async1`).
-Reported per step (the first left out, with its warm-up): step time, the learner's update time
-(`timing/train_s`), the weight sync, and the learner's idle time (step − update: waiting for or making
-rollouts, scoring, syncing), with its share of the step and its ratio to the colocated engine's.
+Reported per step (the first left out, with its warm-up): step time, the learner's busy time
+(`timing/train_s`: the update and, in the inline loop, the weight sync after it), the weight sync,
+and the learner's idle time (step − busy: making or waiting for the rollouts and their scores), with
+its share of the step and its ratio to the colocated engine's.
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def main() -> None:
     base = next((r["idle_s"] for r in results if r["mode"] == "colocated"), None)
     print(f"CPU: {cpu_model()}; load average {load_average()}; random Llama hidden {args.hidden}, {args.layers} "
           f"layers; {args.steps} steps (the first left out)")
-    print("| mode | step s | update s | weight sync s (MB) | learner idle s | idle share | idle vs colocated |")
+    print("| mode | step s | learner busy s | weight sync s (MB) | learner idle s | idle share | idle vs colocated |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in results:
         ratio = f"{r['idle_s'] / base:.2f}×" if base else "–"

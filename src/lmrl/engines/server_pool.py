@@ -11,7 +11,7 @@ the off-policy corrections read what the server really used.
 A server that dies (its process killed, its actor lost) is started again from its spec; once the
 other servers have finished their chunks the group is formed again, the current version broadcast,
 and the dead server's chunk re-run with the same seed: the same tokens, and the run goes on (up to
-`max_restarts` restarts). docs/scaling.md, "Engine servers".
+`max_restarts` restarts). docs/scaling.md, "Engine servers and weight broadcast".
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class ServerPool:
 
     def __init__(self, model, spec: ServerSpec, *, servers: int = 2, backend: str = "local", max_restarts: int = 3,
                  broadcast: str = "auto", devices: list[str] | None = None, only_changed: bool = False,
-                 bucket_mb: float = 64.0, timeout_s: float = 300.0):
+                 bucket_mb: float = 1.0, timeout_s: float = 300.0):
         if backend not in ("local", "ray"):
             raise ValueError(f"dist.backend must be local or ray for engine servers, got {backend!r}")
         self.model, self.spec, self.backend, self.max_restarts = model, spec, backend, max_restarts
