@@ -122,9 +122,10 @@ def test_a_server_killed_during_a_broadcast_is_restarted_and_given_the_version(l
     assert ids(pool.generate(prompts, 1, greedy)) == ids(theirs)
 
 
-def run(tmp_path, servers: bool, hook=None):
-    cfg = toy_run_config(tmp_path / str(servers), 3, rollout={"max_staleness": 1},
-                         dist={"backend": "local", "rollout_workers": 2, "servers": servers})
+def run(tmp_path, servers: bool, hook=None, steps=3, workers=2, **sections):
+    sections = {"rollout": {"max_staleness": 1}, **sections}
+    cfg = toy_run_config(tmp_path / str(servers), steps, **sections,
+                         dist={"backend": "local", "rollout_workers": workers, "servers": servers})
     tok = make_tokenizer()
     stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
     if hook:
@@ -180,3 +181,16 @@ def test_a_vllm_server_after_a_broadcast_generates_what_hf_does_with_the_new_wei
         assert os.getpid() not in pool.server_pids
     finally:
         pool.close()
+
+
+def test_multi_turn_episodes_on_a_server_are_the_in_process_workers_episodes(tmp_path):
+    game = {"name": "guessing", "params": {"low": 1, "high": 9, "max_guesses": 3}}
+    sections = dict(steps=2, workers=1, task=game, env=game, reward={"components": [{"name": "env"}],
+                    "accuracy_component": "env"}, rollout={"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4})
+    local_params, local_rows, _ = run(tmp_path, servers=False, **sections)
+    params, rows, _ = run(tmp_path, servers=True, **sections)
+    assert [r["env/turns"] for r in rows] == [r["env/turns"] for r in local_rows]
+    assert max(r["env/turns"] for r in rows) > 1.0  # episodes of several turns, each turn round one pool call
+    assert [r.get("reward/mean") for r in rows] == [r.get("reward/mean") for r in local_rows]
+    for k in local_params:
+        assert torch.equal(local_params[k], params[k]), k
