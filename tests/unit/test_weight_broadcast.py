@@ -91,3 +91,21 @@ def test_server_settings_the_config_refuses(dist_section, engine, message):
 def test_servers_host_vllm():
     cfg = build_config({"recipe": "quickstart", "rollout": {"engine": "vllm"}, "dist": {"backend": "local", "servers": True}})
     assert cfg.dist.servers and cfg.rollout.engine == "vllm"
+
+
+def test_with_lora_only_the_adapted_layers_are_sent_again():
+    """`broadcast_changed` on a LoRA policy: the folded layers are new tensors at every sync, the frozen
+    base's are the same tensors with unmoved version counters."""
+    from lmrl.config import LoraConfig
+    from lmrl.models import tiny_llama
+    from lmrl.models.lora import apply_lora
+    from lmrl.models.weights import inference_weights
+
+    model = apply_lora(tiny_llama(64, hidden=32, layers=2, heads=4), LoraConfig(r=4, alpha=8,
+                                                                                target_modules=["q_proj", "v_proj"]))
+    tracker = ChangeTracker()
+    first = list(inference_weights(model))
+    tracker.record(first)
+    again = list(inference_weights(model))
+    adapted = {f"model.layers.{i}.self_attn.{p}_proj.weight" for i in (0, 1) for p in ("q", "v")}
+    assert {name for name, _ in again} - tracker.unchanged(again) == adapted
