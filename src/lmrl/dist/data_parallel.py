@@ -22,8 +22,9 @@ Every replica keeps the whole model and optimiser: rank 0 alone writes checkpoin
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import fields, replace
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,7 @@ class Parallel:
 
     rank = 0
     world_size = 1
+    sharded = False  # the model's weights are split over the ranks (`dist.sharded`)
 
     @property
     def is_main(self) -> bool:
@@ -61,8 +63,24 @@ class Parallel:
         """True when `ok` holds on every rank."""
         return ok
 
+    def wrap(self, root: torch.nn.Module, model: torch.nn.Module, first_pass: Callable[[], None]) -> None:
+        """Shard the learner's forward module `root` (holding `model`) over the ranks, in place, then run
+        `first_pass` (a forward of `root`); replicas: nothing."""
+
+    def passes(self, count: int) -> int:
+        """How many forward passes every rank runs when this one has `count` (sharded: the most of any rank)."""
+        return count
+
+    def gathered(self) -> contextlib.AbstractContextManager:
+        """A context in which the model's weights are whole on every rank (generation runs there)."""
+        return contextlib.nullcontext()
+
     def reduce_gradients(self, params: Iterable[torch.Tensor]) -> None:
         """Sum the gradients over ranks, in place."""
+
+    def clip_grad_norm(self, params: Iterable[torch.Tensor], max_norm: float) -> float:
+        """Clip the gradients of `params` by their (global) norm, in place; return that norm."""
+        return float(torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm))
 
     def reduce_metrics(self, totals: dict[str, float], weights: dict[str, float]
                        ) -> tuple[dict[str, float], dict[str, float]]:

@@ -1,8 +1,8 @@
 """Joining and leaving the process group of a data-parallel run.
 
 `init_from_env` reads what torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
-and returns the learner's hooks: `DataParallel`, or the one-process `Parallel` when WORLD_SIZE is
-unset or 1. `spawn_local` starts N ranks on this machine (gloo, a file rendezvous) and returns what
+and returns the learner's hooks: `DataParallel` (`Sharded` with `sharded=True`: FSDP2), or the
+one-process `Parallel` when WORLD_SIZE is unset or 1. `spawn_local` starts N ranks on this machine (gloo, a file rendezvous) and returns what
 a function returned on each; the tests and benchmarks use it.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lmrl.dist.data_parallel import DataParallel, Parallel
+from lmrl.dist.sharded import Sharded
 
 
 def default_backend() -> str:
@@ -25,10 +26,10 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_from_env(backend: str | None = None) -> Parallel:
+def init_from_env(backend: str | None = None, **sharding) -> Parallel:
     """Join the group torchrun describes (env://); one process without WORLD_SIZE > 1.
 
-    Under NCCL each rank takes the CUDA device LOCAL_RANK.
+    Under NCCL each rank takes the CUDA device LOCAL_RANK. `sharding`: `hooks`'s options.
     """
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return Parallel()
@@ -36,13 +37,19 @@ def init_from_env(backend: str | None = None) -> Parallel:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, init_method="env://")
-    return DataParallel()
+    return hooks(**sharding)
 
 
 def init_explicit(rank: int, world_size: int, init_method: str, backend: str = "gloo") -> DataParallel:
     """Join a group by an explicit rendezvous (`file://…` or `tcp://host:port`)."""
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
     return DataParallel()
+
+
+def hooks(sharded: bool = False, bf16: bool = False, cpu_offload: bool = False) -> DataParallel:
+    """The learner's hooks over the joined group: replicas (`DataParallel`) or FSDP2 shards (`Sharded`, with
+    bf16 mixed precision and CPU offload as asked)."""
+    return Sharded(bf16=bf16, cpu_offload=cpu_offload) if sharded else DataParallel()
 
 
 def teardown() -> None:

@@ -94,18 +94,25 @@ def save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, schedule
     `modules`: further trainable modules by name (the learner's value head), saved beside the model.
     """
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
     model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
+    return publish_checkpoint(root, tmp, step, state, keep, modules)
+
+
+def publish_checkpoint(root: Path, tmp: Path, step: int, state: dict[str, Any], keep: int,
+                       modules: dict[str, torch.nn.Module] | None = None, meta: dict[str, Any] | None = None) -> Path:
+    """Finish the checkpoint written so far under `tmp` (its modules, `state.pt`, `meta.json`, the COMPLETE
+    marker), flush it, rename it to `root/step-{step}` and prune to the newest `keep`."""
+    final = root / f"step-{step:06d}"
     if modules:
         save_file(_module_tensors(modules), str(tmp / "modules.safetensors"))
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
     torch.save(state, tmp / "state.pt")
-    (tmp / "meta.json").write_text(json.dumps({"step": step}))
+    (tmp / "meta.json").write_text(json.dumps({"step": step, **(meta or {})}))
     (tmp / COMPLETE).write_text("ok\n")
     fsync_tree(tmp)
     if final.exists():

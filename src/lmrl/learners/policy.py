@@ -24,12 +24,12 @@ import math
 
 import torch
 
-from lmrl.algos.aggregation import UNIT_SCALE, AggScale
 from lmrl.algos.gather import MODEL_OUTPUTS
 from lmrl.algos.logprobs import selected_logprobs
 from lmrl.algos.losses import LossInputs
 from lmrl.config import TrainerConfig
 from lmrl.dist.data_parallel import Parallel
+from lmrl.learners.forward import PackedForward
 from lmrl.learners.packing import budget_units, fill_budget, group_budget, pack, prompt_units, row_groups, unit_bins
 from lmrl.models.weights import is_peft
 from lmrl.types import Batch
@@ -63,6 +63,9 @@ class Learner:
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if copied else None
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.forward_module = PackedForward(model)
+        # sharded: the parameters are each rank's shards from here on
+        self.parallel.wrap(self.forward_module, model, first_pass=lambda: self._idle_pass(backward=False))
         self.value_head = None
         self.critic_shares_trunk = critic_shares_trunk
         params = [p for p in model.parameters() if p.requires_grad]
@@ -132,13 +135,12 @@ class Learner:
         layer_states = "hidden" in outputs and hidden_layer != -1
         units = prompt_units(batch) if self.cfg.share_prompt else [[r] for r in range(batch.num_rows)]
         packed = pack(batch, units, pad_id=0, bins=unit_bins(batch, units) if self.cfg.pack_rows else None)
+        where = (packed.src_row.to(self.device), packed.src_pos.to(self.device))
         with self._autocast():
-            out = model.get_decoder()(
-                input_ids=packed.input_ids.to(self.device), attention_mask=packed.attention_mask.to(self.device),
-                position_ids=packed.position_ids.to(self.device), output_hidden_states=layer_states, use_cache=False)
-            where = (packed.src_row.to(self.device), packed.src_pos.to(self.device))
-            selected = out.last_hidden_state[where]
-            logits = model.get_output_embeddings()(selected)
+            forward = self.forward_module if model is self.model else PackedForward(model)
+            last_hidden, hidden_states, selected, logits = forward(
+                packed.input_ids.to(self.device), packed.attention_mask.to(self.device),
+                packed.position_ids.to(self.device), *where, output_hidden_states=layer_states)
         raw_logits = logits
         if self.temperature != 1.0:
             logits = logits / self.temperature
@@ -156,7 +158,7 @@ class Learner:
             features = selected if self.critic_shares_trunk else selected.detach()
             result["values"] = scatter(self.value_head(features.float()).squeeze(-1))
         if "hidden" in outputs:
-            states = out.hidden_states[hidden_layer][where] if layer_states else selected
+            states = hidden_states[hidden_layer][where] if layer_states else selected
             result["hidden"] = scatter(states.detach().float())
         if "token_entropy" in outputs:
             result["token_entropy"] = result["entropy"].detach()
@@ -165,12 +167,12 @@ class Learner:
         if "score" in outputs:
             if self.score_head is None:
                 raise ValueError("score was asked for but this learner has no score head (score_head=False)")
-            last = out.last_hidden_state[packed.last_row.to(self.device), packed.last_pos.to(self.device)]
+            last = last_hidden[packed.last_row.to(self.device), packed.last_pos.to(self.device)]
             result["score"] = self.score_head(last.float()).squeeze(-1)
         if "token_scores" in outputs:
             if self.score_head is None:
                 raise ValueError("token_scores were asked for but this learner has no score head (score_head=0)")
-            own = out.last_hidden_state[packed.src_row.to(self.device), packed.own_pos.to(self.device)]
+            own = last_hidden[packed.src_row.to(self.device), packed.own_pos.to(self.device)]
             result["token_scores"] = scatter(self.score_head(own.float()))
         return result
 
@@ -213,11 +215,27 @@ class Learner:
         out = torch.zeros_like(batch.completion_mask)
         sub = batch if rows is None else batch.select(rows)
         targets = list(range(batch.num_rows)) if rows is None else rows
+        micro = self.micro_batches(sub) if sub.num_rows else []
+        # sharded ranks run as many passes of the policy as each other, agreed before the first
+        idle = self.parallel.passes(len(micro)) - len(micro) if model is self.model else 0
         with _evaluating(model), context:
-            for micro_rows in self.micro_batches(sub) if sub.num_rows else []:
+            for micro_rows in micro:
                 logp = self.forward_logprobs(model, sub.select(micro_rows), with_entropy=False)["logp"]
                 out[[targets[r] for r in micro_rows], : logp.shape[1]] = logp.cpu()
+            for _ in range(idle):
+                self._idle_pass(backward=False)
         return out
+
+    def _idle_pass(self, backward: bool) -> None:
+        """A pass of the policy on one two-token row whose loss weighs zero: a sharded rank's share of the
+        collectives of a pass that another rank runs on its rows, adding nothing to the gradients."""
+        ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+        first = torch.zeros(1, dtype=torch.long, device=self.device)
+        with self._autocast(), torch.set_grad_enabled(backward):
+            logits = self.forward_module(ids, torch.ones_like(ids), torch.arange(2, device=self.device)[None],
+                                         first, first)[3]
+        if backward:
+            (logits.float().sum() * 0.0).backward()
 
     @torch.no_grad()
     def evaluate(self, batch: Batch, algorithm) -> dict[str, float]:
@@ -301,26 +319,42 @@ class Learner:
         order = [groups[g] for g in torch.randperm(len(groups), generator=self.shuffle).tolist()]
         return [[r for group in part for r in group] for part in _split(order, self.cfg.mini_batches)]
 
-    def streamed(self, algorithm, denominator: str) -> "StreamedUpdate":
-        """One update on a batch that arrives in parts (`StreamedUpdate`)."""
+    def streamed(self, algorithm, denominator: str):
+        """One update on a batch that arrives in parts (`learners.streamed.StreamedUpdate`)."""
+        from lmrl.learners.streamed import StreamedUpdate
+
         return StreamedUpdate(self, algorithm, denominator)
 
     def _backward(self, mini: Batch, algorithm, scale, totals: dict[str, float], weights: dict[str, float]) -> bool:
         """Forward and backward of `mini`'s micro-batches, adding to the gradients, to the token-weighted
         metric sums and to `totals["loss"]` (the objective: the sum of the micro-batches' losses, whose
-        weight the caller adds); False (and the rest left out) at a non-finite loss."""
-        for rows in self.micro_batches(mini, algorithm.pairwise) if mini.num_rows else []:
+        weight the caller adds); False (and the rest left out) at a non-finite loss.
+
+        Sharded, every rank runs as many passes as the rank with the most micro-batches (`parallel.passes`),
+        with zero weight where it has none left, and after a non-finite loss (its step is skipped on every
+        rank) the rest of its passes too."""
+        micro_rows = self.micro_batches(mini, algorithm.pairwise) if mini.num_rows else []
+        idle = self.parallel.passes(len(micro_rows)) - len(micro_rows)  # agreed before the first pass
+        finite = True
+        for rows in micro_rows:
+            if not finite:
+                self._idle_pass(backward=True)
+                continue
             micro = mini.select(rows)
             loss, metrics = self._micro_step(micro, algorithm, scale)
-            if not torch.isfinite(loss):
+            finite = bool(torch.isfinite(loss))
+            if not finite and not self.parallel.sharded:
                 return False
-            totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
+            if finite:
+                totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
+                w = float(micro.completion_mask.sum())
+                for k, v in metrics.items():
+                    totals[k] = totals.get(k, 0.0) + v * w
+                    weights[k] = weights.get(k, 0.0) + w
             loss.backward()
-            w = float(micro.completion_mask.sum())
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + v * w
-                weights[k] = weights.get(k, 0.0) + w
-        return True
+        for _ in range(idle):
+            self._idle_pass(backward=True)
+        return finite
 
     def _step(self, finite: bool) -> tuple[float, float] | None:
         """Sum the gradients over ranks, clip, and take the optimiser step: (grad norm, critic grad norm),
@@ -401,59 +435,8 @@ class Learner:
 
     def _clip_and_norm(self, parameters) -> float:
         """Clip (policy and value head separately, as verl's actor and critic) and return the norm."""
-        params = [p for p in parameters if p.grad is not None]
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-
-
-class StreamedUpdate:
-    """One optimiser step on a prepared batch that arrives in parts (streaming consumption, docs/scaling.md).
-
-    Each part runs its forward and backward passes when it comes, aggregated over unit denominators
-    (`UNIT_SCALE`), so the gradients add up to those of the batch's summed loss terms. `finish` divides
-    them by `denominator`, the `AggScale` field the aggregation declares, of the parts' combined scale
-    (the whole batch's), then clips and steps: the update of `Learner.update` with one mini-batch and
-    one epoch, up to float rounding. One process; the objective must have that one denominator
-    (`loops.streaming` refuses value and demonstration terms, which have their own).
-    """
-
-    def __init__(self, learner: Learner, algorithm, denominator: str):
-        self.learner, self.algorithm, self.denominator = learner, algorithm, denominator
-        self.scales: list[AggScale] = []
-        self.totals: dict[str, float] = {}
-        self.weights: dict[str, float] = {}
-        self.rows, self.inert, self.finite = 0, 0, True
-        learner.model.train()
-        learner._zero_grads()
-
-    def add(self, part: Batch) -> None:
-        """Forward and backward of one prepared part of the batch."""
-        learner, algorithm = self.learner, self.algorithm
-        inert = algorithm.inert_rows(part).tolist()
-        if algorithm.needs_old_logp:  # the weights are those of the whole batch's until `finish`
-            part.extras["old_logp"] = learner.logprobs(part)
-        self.scales.append(algorithm.scale(algorithm.aggregation_mask(part)))
-        self.rows += part.num_rows
-        self.inert += sum(inert)
-        if self.finite:
-            live = part.select([r for r in range(part.num_rows) if not inert[r]])
-            self.finite = learner._backward(live, algorithm, UNIT_SCALE, self.totals, self.weights)
-
-    def finish(self) -> dict[str, float]:
-        """Divide by the whole batch's denominator, clip, step; the update's metrics."""
-        learner = self.learner
-        torch.randperm(self.rows, generator=learner.shuffle)  # the shuffle generator advances as in `update`
-        if self.finite:
-            divisor = AggScale.combine(self.scales).divisor(self.denominator) if self.scales else 1.0
-            for p in learner._trainable():
-                if p.grad is not None:
-                    p.grad.div_(divisor)
-            self.totals["loss"] = self.totals.get("loss", 0.0) / divisor
-        if "loss" in self.totals:
-            self.weights["loss"] = 1.0
-        norms = learner._step(self.finite)
-        return learner._finish(True, self.totals, self.weights, [norms[0]] if norms else [],
-                               [norms[1]] if norms else [], int(norms is None), self.inert / max(self.rows, 1))
+        return self.parallel.clip_grad_norm(parameters, max_norm)
 
 
 def score_head_for(model, seed: int, labels: int = 1) -> torch.nn.Linear:
