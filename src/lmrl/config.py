@@ -293,6 +293,10 @@ class TrainerConfig(Section):
     # where the policy, reference, value head and optimiser live: auto = CUDA when available (docs/devices.md)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     gradient_checkpointing: bool = False  # recompute layer activations in backward: less memory, ~30% more time
+    # several ranks under torchrun: none = a whole replica per rank; fsdp = FSDP2 shards of the weights,
+    # gradients and optimiser state, checkpoints in torch.distributed.checkpoint format (docs/scaling.md)
+    sharding: Literal["none", "fsdp"] = "none"
+    cpu_offload: bool = False  # with sharding=fsdp: shards, gradients and optimiser state kept on the CPU
 
 
 class EvalConfig(Section):
@@ -427,6 +431,7 @@ def config_to_yaml(cfg: Config) -> str:
 # Settings that may change when a run is resumed: extending it, where and how often it reports and saves.
 # Checkpoints are device-independent, so where and how memory-frugally the learner runs may change too.
 RESUMABLE = ("trainer.steps", "trainer.threads", "trainer.device", "trainer.gradient_checkpointing", "trainer.pack_rows",
+             "trainer.cpu_offload", "dist.backend", "dist.rollout_workers",
              "rollout.vllm.",
              "run.checkpoint_every", "run.keep_checkpoints", "run.progress", "run.trackers", "run.overwrite", "eval.")
 

@@ -5,7 +5,8 @@ per rank and samples each from a seed drawn from the run's generator (the same o
 a pool of rollout workers (`engines.workers`); each rank generates its own chunk and the chunks are
 gathered in rank order. Every rank then scores, filters and assembles the same batch, and the learner
 trains its share of it (`dist.data_parallel`). A 2-rank run therefore samples exactly what a one-process
-run with `dist.backend: local` and 2 rollout workers samples.
+run with `dist.backend: local` and 2 rollout workers samples. A sharded learner's weights are gathered
+whole on every rank for the time of a `generate` (`Parallel.gathered`).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class ShardedRollouts:
         chunks = split_evenly(len(prompts), self.parallel.world_size)
         seeds = chunk_seeds(generator, len(chunks))
         start, end = chunks[self.parallel.rank]
-        mine = self.engine.generate(prompts[start:end], n, params, torch.Generator().manual_seed(seeds[self.parallel.rank])) \
-            if end > start else []
+        with self.parallel.gathered():  # sharded: the whole weights, so that decoding steps run no collective
+            mine = self.engine.generate(prompts[start:end], n, params,
+                                        torch.Generator().manual_seed(seeds[self.parallel.rank])) if end > start else []
         return [group for chunk in self.parallel.gather_objects(mine) for group in chunk]

@@ -180,6 +180,7 @@ def eval_target(recipe: str | None, overrides: list[str], model: str | None,
     `recipe` may be a run directory: its own config.yaml, with its checkpoint at `step` (default: the
     latest) as the model unless `model` is given. A checkpoint's JSON goes to `RUN/eval/step-N.json`."""
     from lmrl.models.checkpoint_dirs import list_checkpoints
+    from lmrl.models.sharded_checkpoint import is_sharded
 
     run = Path(recipe) if recipe and Path(recipe, "config.yaml").is_file() else None
     if run is None and step is not None:
@@ -191,6 +192,9 @@ def eval_target(recipe: str | None, overrides: list[str], model: str | None,
         step = max(by_step) if step is None else step
         if step not in by_step:
             raise ConfigError(f"{run} has no checkpoint at step {step}; it has steps {sorted(by_step)}")
+        if is_sharded(by_step[step]):
+            raise ConfigError(f"{by_step[step]} holds FSDP shards (trainer.sharding=fsdp): `lmrl export {run} --merge "
+                              "DIR` gathers them, then `lmrl eval --model DIR`")
         model = str(by_step[step] / "model")
     cfg = load_config(str(run / "config.yaml") if run else recipe,
                       [*overrides, *([f"model.path={model}"] if model else [])])

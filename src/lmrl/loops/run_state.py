@@ -4,7 +4,8 @@ A checkpoint holds the run's training state, which both `--resume` and a guard r
 and its history, which only `--resume` restores:
 
 - training state: the weights (and the learner's other modules, e.g. a value head), optimiser and
-  scheduler (files written by `learners.checkpoint`), then the `PARTS` kept in `state.pt`: the
+  scheduler (files written by `learners.checkpoint`, or by every rank of a sharded learner as
+  `learners.sharded_checkpoint` shards), then the `PARTS` kept in `state.pt`: the
   sampler, every random state, the method states (the guard among them), the reward scorer and
   the sample source;
 - history: the step, how far the logs had got, the evaluation results, why `trainer.stop_when`
@@ -26,6 +27,8 @@ from lmrl.algos.guards import Guard, GuardError, Verdict, scale_lr
 from lmrl.config import ConfigError
 from lmrl.data import load_source_state, source_state
 from lmrl.learners.checkpoint import load_checkpoint, remove_checkpoint, restore_rng, rng_state, save_checkpoint
+from lmrl.learners.sharded_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+from lmrl.models.sharded_checkpoint import is_sharded
 from lmrl.models.checkpoint_dirs import latest_checkpoint, list_checkpoints
 from lmrl.loops.inline import InlineSource
 from lmrl.loops.run_dir import RunDir
@@ -80,19 +83,29 @@ class RunState:
 
     def save(self, step: int, boundary: dict[str, Any]) -> None:
         """A checkpoint at `step` holding `boundary` (a `boundary()`, with the loop's own history added):
-        rank 0 writes it while the other ranks wait."""
+        rank 0 writes it while the other ranks wait; with `trainer.sharding: fsdp` every rank writes its
+        shards of the weights and optimiser, and rank 0 the rest."""
         s = self.s
-        if s.parallel.is_main:
-            state = {"step": step, "eval_before": self.result.eval_before, "eval_after": self.result.eval_after,
-                     **boundary}
+        state = {"step": step, "eval_before": self.result.eval_before, "eval_after": self.result.eval_after,
+                 **boundary}
+        keep = s.cfg.run.keep_checkpoints
+        if s.cfg.trainer.sharding == "fsdp":
+            save_sharded_checkpoint(self.run.checkpoints, step, s.learner, s.tokenizer, state, keep, s.parallel)
+        elif s.parallel.is_main:
             save_checkpoint(self.run.checkpoints, step, s.model, s.tokenizer, s.learner.optimizer,
-                            s.learner.scheduler, state, keep=s.cfg.run.keep_checkpoints, modules=s.learner.modules())
+                            s.learner.scheduler, state, keep=keep, modules=s.learner.modules())
         s.parallel.barrier()
 
     def restore(self, path: Path) -> dict[str, Any]:
         """Load the training state of checkpoint `path` into the stages; return its saved state."""
         s = self.s
-        state = load_checkpoint(path, s.model, s.learner.optimizer, s.learner.scheduler, modules=s.learner.modules())
+        if s.cfg.trainer.sharding == "fsdp":
+            state = load_sharded_checkpoint(path, s.learner)
+        elif is_sharded(path):
+            raise ConfigError(f"checkpoint {path} holds FSDP shards: resume it with trainer.sharding=fsdp")
+        else:
+            state = load_checkpoint(path, s.model, s.learner.optimizer, s.learner.scheduler,
+                                    modules=s.learner.modules())
         for name, part in self.parts.items():
             if name not in state and part.missing is _REQUIRED:
                 raise RuntimeError(f"checkpoint {path} holds no {name} state; it cannot be restored")

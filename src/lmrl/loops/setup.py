@@ -11,9 +11,10 @@ import torch
 
 from lmrl.algos import Algorithm
 from lmrl.config import Config, ConfigError
-from lmrl.dist import DataParallel, Parallel, init_from_env
+from lmrl.dist import Parallel, init_from_env
+from lmrl.dist.process_group import hooks
 from lmrl.dist.rollouts import ShardedRollouts
-from lmrl.data import BATCH_SOURCES, GROUP_FILTERS, OfflineData, build_sampler, sample_source
+from lmrl.data import BATCH_SOURCES, GROUP_FILTERS, SAMPLERS, OfflineData, build_sampler, sample_source
 from lmrl.data.probe import bind_probe
 from lmrl.engines import SamplingParams, sampling_params
 from lmrl.envs.pieces import Pieces, build_pieces
@@ -55,6 +56,7 @@ def preflight(cfg: Config, rows: int = 16, resume: Path | None = None, trains: b
     no run), the device, the model directory and tokenizer, the split's counts, and the first `rows` training
     rows encoded with the fields the config names."""
     check_names(cfg)
+    check_sharding(cfg)
     where = "resumed" if resume is not None else run_dir_for(cfg) if trains else None
     device = resolve_device(cfg.trainer.device)
     path = resolve_model_path(cfg.model.path)
@@ -152,14 +154,35 @@ def read_offline(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]
 
 def data_parallel(cfg: Config) -> Parallel:
     """This process's place in a data-parallel run (launched by torchrun, or a group already joined):
-    its ranks generate a share of each batch and train a share of it (docs/scaling.md)."""
+    its ranks generate a share of each batch and train a share of it (docs/scaling.md); with
+    `trainer.sharding: fsdp` they hold shards of the model (`dist.sharded`)."""
     import torch.distributed as dist
 
+    check_sharding(cfg)
+    sharding = {"sharded": cfg.trainer.sharding == "fsdp", "cpu_offload": cfg.trainer.cpu_offload,
+                "bf16": resolve_bf16(cfg.trainer.bf16, resolve_device(cfg.trainer.device))}
     joined = dist.is_initialized() and dist.get_world_size() > 1  # (vLLM opens a one-process group of its own)
-    parallel = DataParallel() if joined else init_from_env()
+    parallel = hooks(**sharding) if joined else init_from_env(**sharding)
     if parallel.world_size > 1 and (cfg.rollout.max_staleness is not None or cfg.dist.rollout_pool
                                     or cfg.rollout.engine != "hf" or cfg.algo.guards.enabled):
         raise ConfigError("a data-parallel run (several ranks) uses the synchronous loop with each rank's own hf "
                           "engine and no guards: unset rollout.max_staleness, keep dist.backend=none (or ray "
                           "with dist.learner_ranks > 1), rollout.engine=hf and algo.guards.enabled=false")
     return parallel
+
+
+def check_sharding(cfg: Config) -> None:
+    """What `trainer.sharding: fsdp` does not run with (on any number of ranks: its checkpoints are sharded)."""
+    if cfg.trainer.cpu_offload and cfg.trainer.sharding != "fsdp":
+        raise ConfigError("trainer.cpu_offload keeps FSDP2 shards on the CPU: it needs trainer.sharding=fsdp")
+    if cfg.trainer.sharding != "fsdp":
+        return
+    sampler = SAMPLERS.get(cfg.data.sampler)
+    probes = getattr(sampler, "probes", None)
+    probing = probes(**cfg.data.sampler_params) if probes is not None else getattr(sampler, "needs_probe", False)
+    refused = {"model.lora (sharded checkpoints hold full models)": cfg.model.lora is not None,
+               f"data.sampler={cfg.data.sampler} (it probes prompts with the whole model)": probing}
+    named = [name for name, on in refused.items() if on]
+    if named:
+        raise ConfigError(f"trainer.sharding=fsdp does not run with {'; '.join(named)}: use trainer.sharding=none "
+                          "for these (docs/scaling.md, 'Sharded learner')")

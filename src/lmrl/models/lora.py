@@ -10,6 +10,7 @@ sequence-classification model, for a process reward model a token-classification
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ from transformers import AutoTokenizer
 from lmrl.config import ConfigError, LoraConfig
 from lmrl.models.loading import load_model, resolve_model_path
 from lmrl.models.sequence_classifier import as_classifier, pad_token_id_of
+from lmrl.models.sharded_checkpoint import gather_weights, is_sharded
 from lmrl.models.weights import inference_weights, is_peft
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -74,7 +76,8 @@ def export_merged(checkpoint_model: Path, base_path: str, lora: LoraConfig | Non
                   score_weight: torch.Tensor | None = None) -> Path:
     """Write a transformers directory (weights, config, tokenizer) for a checkpoint's `model/` folder.
 
-    A full fine-tuning checkpoint already is one and is copied. A LoRA checkpoint's adapters are
+    A full fine-tuning checkpoint already is one and is copied; a sharded learner's has its shards
+    gathered (`sharded_checkpoint.gather_weights`). A LoRA checkpoint's adapters are
     loaded onto the base model (`base_path`, the run's `model.path`) and folded into its weights.
     With `score_weight` (a reward model's score head, [1, H]) the directory is a sequence-classification
     model instead (a process reward model's [2, H]: a token-classification model), its config's `pad_token_id` the token `pad_token_id_of` picks (never the one that ends
@@ -84,6 +87,10 @@ def export_merged(checkpoint_model: Path, base_path: str, lora: LoraConfig | Non
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; choose a new directory for the export")
     checkpoint_model = Path(checkpoint_model)
+    if is_sharded(checkpoint_model.parent):  # a sharded learner's: its shards gathered into whole weights first
+        with tempfile.TemporaryDirectory() as scratch:
+            whole = gather_weights(checkpoint_model.parent, Path(scratch) / "model")
+            return export_merged(whole, base_path, lora, out, score_weight)
     if lora is None and (checkpoint_model / ADAPTER_FILE).exists():
         raise RuntimeError(f"{checkpoint_model} holds LoRA adapters but the run's config has no model.lora")
     if lora is None and score_weight is None:

@@ -173,6 +173,7 @@ def model_directories(sources: Sequence[str]) -> Iterator[list[Path]]:
     """
     from lmrl.models.loading import resolve_model_path
     from lmrl.models.lora import ADAPTER_FILE, export_merged
+    from lmrl.models.sharded_checkpoint import is_sharded
 
     with tempfile.TemporaryDirectory(prefix="lmrl-merge-") as tmp:
         dirs = []
@@ -181,7 +182,7 @@ def model_directories(sources: Sequence[str]) -> Iterator[list[Path]]:
             ckpt = _checkpoint_of(path) if path.is_dir() else None
             if ckpt is None:
                 dirs.append(resolve_model_path(source))
-            elif (ckpt / "model" / ADAPTER_FILE).exists():
+            elif (ckpt / "model" / ADAPTER_FILE).exists() or is_sharded(ckpt):  # adapters, or FSDP shards
                 model = _run_model(ckpt.parent.parent)
                 dirs.append(export_merged(ckpt / "model", model.path, model.lora, Path(tmp) / str(i)))
             else:
