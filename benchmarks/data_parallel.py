@@ -1,15 +1,15 @@
-"""The sharded learner on the CPU: one update on 1 rank vs 2 ranks, and the all-reduce vs FSDP2.
+"""The data-parallel and sharded learners on the CPU: one update on 1 rank vs 2 ranks, replicas vs FSDP2.
 
 Usage: python benchmarks/data_parallel.py [--groups 4] [--group-size 8] [--prompt 24] [--completion 48]
        [--hidden 256] [--layers 4] [--vocab 2048] [--repeats 3] [--updates 2] [--no-fsdp]
 
 Part 1: `Learner.update` on a synthetic GRPO batch (mixed rewards, so no inert rows) of a random
-Llama: 1 rank (the plain learner) and 2 ranks (`DataParallel`, gloo), alternating, each repeat in
-fresh processes with one torch thread per rank, after one untimed update. An update's time is the
-slowest rank's. Prints the medians, the ratio and the time spent in the gradient all-reduce.
-Part 2: a bare training step (forward, backward, clip, AdamW) on each rank's half of the rows, in
-the same micro-batches, with the learner's all-reduce or with FSDP2 `fully_shard`: time, training
-state (weights, gradients, AdamW moments) per rank, and the largest weight difference between them.
+Llama: 1 rank (the plain learner), 2 ranks of replicas (`DataParallel`, gloo) and 2 sharded ranks
+(`Sharded`: FSDP2, `trainer.sharding: fsdp`), in turn, each repeat in fresh processes with one torch
+thread per rank, after one untimed update. An update's time is the slowest rank's. Prints the
+medians, the ratios, the time spent in the gradient all-reduce, and each rank's training state:
+the bytes of its parameters, gradients and AdamW moments (a sharded rank's local shards), and the
+weights a sharded rank gathers at once (the root unit and one decoder layer).
 """
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ import torch
 from machine import cpu_model, load_average
 from lmrl.algos import Algorithm
 from lmrl.config import AlgoConfig, TrainerConfig
-from lmrl.dist import assign_groups, spawn_local
+from torch.distributed.tensor import DTensor
+
+from lmrl.dist import Sharded, spawn_local
 from lmrl.learners import Learner
 from lmrl.models import tiny_llama
 from lmrl.types import Sample, collate
@@ -46,12 +48,14 @@ def model_of(a):
     return tiny_llama(a.vocab, hidden=a.hidden, layers=a.layers, heads=4, seed=0)
 
 
-def learner_update(parallel, a) -> dict:
-    """Seconds per `Learner.update` on this rank, and of them the gradient all-reduce."""
+def learner_update(parallel, a, strategy: str = "replicas") -> dict:
+    """Seconds per `Learner.update` on this rank, of them the gradient all-reduce, and the training state."""
     batch = synthetic_batch(a)
     algo = Algorithm(AlgoConfig(), max_new_tokens=a.completion)
     algo.prepare(batch)
     cfg = TrainerConfig(lr=1e-5, bf16=False, micro_batch_tokens=a.micro_batch_tokens)
+    if strategy == "sharded":
+        parallel = Sharded()
     learner = Learner(model_of(a), cfg, parallel=parallel if parallel.world_size > 1 else None)
     spent = [0.0]
     reduce = parallel.reduce_gradients
@@ -70,52 +74,29 @@ def learner_update(parallel, a) -> dict:
         t = time.perf_counter()
         learner.update(batch, algo)
         times.append(time.perf_counter() - t)
-    return {"times": times, "allreduce_s": spent[0]}
+    return {"times": times, "allreduce_s": spent[0], **training_state(learner)}
 
 
-def bare_step(parallel, a, strategy: str) -> dict:
-    """Time of a plain training step on this rank's rows with `strategy` ("allreduce" or "fsdp")."""
-    batch = synthetic_batch(a)
-    ranks = assign_groups(batch.group_index.tolist(), batch.attention_mask.sum(1).tolist(), parallel.world_size)
-    rows = [r for r, k in enumerate(ranks) if k == parallel.rank]
-    micro = [rows[i:: a.micro_batches] for i in range(a.micro_batches)]
-    tokens = float(batch.completion_mask.sum())  # the global denominator of a token-mean loss
-    if strategy == "fsdp":  # FSDP averages over ranks (a sum needs PREMUL_SUM, which gloo lacks): undo it
-        tokens /= parallel.world_size
-    model = model_of(a)
-    if strategy == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+def training_state(learner) -> dict:
+    """MiB of this rank's parameters, gradients and AdamW moments (local shards), and of the whole weights a
+    sharded rank holds at once during a pass (the root unit's and the largest decoder layer's)."""
+    def local(x):
+        return x.to_local() if isinstance(x, DTensor) else x
 
-        mesh = init_device_mesh("cpu", (parallel.world_size,))
-        for unit in [*model.model.layers, model.model, model.lm_head]:  # the learner calls decoder and head
-            fully_shard(unit, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    def mib(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors) / 2**20
 
-    def step():
-        optimizer.zero_grad(set_to_none=False)
-        for m in micro:
-            ids, attn = batch.input_ids[m], batch.attention_mask[m]
-            hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-            logits = model.get_output_embeddings()(hidden[:, :-1]).float()
-            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-            ((nll * batch.completion_mask[m]).sum() / tokens).backward()
-        if strategy == "allreduce":
-            parallel.reduce_gradients(model.parameters())
-        torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
-        optimizer.step()
-
-    step()  # warm-up (and AdamW's state)
-    times = []
-    for _ in range(a.updates):
-        parallel.barrier()
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    local = [getattr(x, "_local_tensor", x) for p in model.parameters()
-             for x in (p, p.grad, *optimizer.state[p].values()) if x is not None and x.dim() > 0]
-    weights = [p.detach().full_tensor() if strategy == "fsdp" else p.detach().clone() for p in model.parameters()]
-    return {"times": times, "state_mib": sum(x.numel() * x.element_size() for x in local) / 2**20, "weights": weights}
+    params = list(learner.model.parameters())
+    state = {"params_mib": mib(local(p) for p in params),
+             "grads_mib": mib(local(p.grad) for p in params if p.grad is not None),
+             "adam_mib": mib(local(v) for p in params for v in learner.optimizer.state.get(p, {}).values() if v.dim())}
+    parallel = learner.parallel
+    if parallel.sharded:
+        layers = [mib(p.full_tensor() for p in layer.parameters()) for layer in parallel.layers]
+        in_layers = {id(p) for layer in parallel.layers for p in layer.parameters()}
+        root = mib(p.full_tensor() for p in parallel.root.parameters() if id(p) not in in_layers)
+        state["gathered_mib"] = root + max(layers)
+    return state
 
 
 def slowest(results: list[dict]) -> list[float]:
@@ -133,41 +114,40 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=2048)
     ap.add_argument("--micro-batch-tokens", type=int, default=1024)
-    ap.add_argument("--micro-batches", type=int, default=2, help="per rank, in part 2")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--updates", type=int, default=2, help="timed updates per repeat, after one warm-up")
-    ap.add_argument("--no-fsdp", action="store_true")
+    ap.add_argument("--no-fsdp", action="store_true", help="leave out the sharded learner")
     a = ap.parse_args()
     batch = synthetic_batch(a)
     params = sum(p.numel() for p in model_of(a).parameters())
     print(f"CPU: {cpu_model()}; load average before: {load_average()}")
     print(f"model: random Llama, {params / 1e6:.1f} M parameters; batch: {batch.num_rows} rows in {a.groups} "
           f"groups, {int(batch.attention_mask.sum())} tokens ({int(batch.completion_mask.sum())} generated)")
-    one, two, reduce_s = [], [], []
+    layouts = {"1 rank": (1, "replicas"), "2 replicas": (2, "replicas")}
+    if not a.no_fsdp:
+        layouts["2 sharded"] = (2, "sharded")
+    times: dict[str, list[float]] = {name: [] for name in layouts}
+    state, reduce_s = {}, []
     for _ in range(a.repeats):
-        one += slowest(spawn_local(learner_update, 1, a))
-        results = spawn_local(learner_update, 2, a)
-        two += slowest(results)
-        reduce_s.append(max(r["allreduce_s"] for r in results) / a.updates)
-        print(f"  1 rank {one[-1]:.2f} s, 2 ranks {two[-1]:.2f} s", flush=True)
-    t1, t2 = statistics.median(one), statistics.median(two)
-    print(f"\nLearner.update, median: 1 rank {t1:.2f} s, 2 ranks {t2:.2f} s; 2 ranks / 1 rank = {t2 / t1:.2f} "
-          f"(speed-up {t1 / t2:.2f}x); gradient all-reduce {statistics.median(reduce_s):.3f} s per update")
-    if a.no_fsdp:
-        return
-    runs: dict[str, list[float]] = {"allreduce": [], "fsdp": []}
-    state, weights = {}, {}
-    for _ in range(a.repeats):
-        for strategy in runs:
-            results = spawn_local(bare_step, 2, a, strategy)
-            runs[strategy] += slowest(results)
-            state[strategy], weights[strategy] = results[0]["state_mib"], results[0]["weights"]
-    diff = max(float((x - y).abs().max()) for x, y in zip(weights["allreduce"], weights["fsdp"]))
-    print("\nbare step on 2 ranks, median (training state per rank):")
-    for strategy, times in runs.items():
-        print(f"  {strategy:9s} {statistics.median(times):.2f} s ({state[strategy]:.1f} MiB)")
-    ratio = statistics.median(runs["fsdp"]) / statistics.median(runs["allreduce"])
-    print(f"  fsdp / allreduce = {ratio:.2f}; largest weight difference {diff:.1e}")
+        for name, (ranks, strategy) in layouts.items():
+            results = spawn_local(learner_update, ranks, a, strategy)
+            times[name] += slowest(results)
+            state[name] = results[0]
+            if name == "2 replicas":
+                reduce_s.append(max(r["allreduce_s"] for r in results) / a.updates)
+        print("  " + ", ".join(f"{name} {ts[-1]:.2f} s" for name, ts in times.items()), flush=True)
+    base = statistics.median(times["1 rank"])
+    print(f"\nLearner.update, median (gradient all-reduce of the replicas: {statistics.median(reduce_s):.3f} s "
+          "per update); per rank, MiB:")
+    print(f"  {'':12s} {'update s':>9s} {'/ 1 rank':>9s} {'params':>8s} {'grads':>8s} {'AdamW':>8s} {'state':>8s} "
+          f"{'/ 1 rank':>9s} {'gathered':>9s}")
+    whole = sum(state["1 rank"][k] for k in ("params_mib", "grads_mib", "adam_mib"))
+    for name, ts in times.items():
+        r = state[name]
+        total = r["params_mib"] + r["grads_mib"] + r["adam_mib"]
+        gathered = f"{r['gathered_mib']:9.2f}" if "gathered_mib" in r else f"{'':9s}"
+        print(f"  {name:12s} {statistics.median(ts):9.2f} {statistics.median(ts) / base:9.2f} {r['params_mib']:8.2f} "
+              f"{r['grads_mib']:8.2f} {r['adam_mib']:8.2f} {total:8.2f} {total / whole:9.2f} {gathered}")
     print(f"load average after: {load_average()}")
 
 

@@ -107,7 +107,8 @@ def test_export_writes_the_gathered_weights(runs):
 def test_sharding_refuses_what_it_does_not_run_with(tmp_path):
     for sections, named in [({"model": {"lora": {"r": 4}}}, "model.lora"),
                             ({"data": {"sampler": "hive"}}, "probes prompts"),
-                            ({"trainer": {"sharding": "none", "cpu_offload": True}}, "needs trainer.sharding=fsdp")]:
+                            ({"trainer": {"sharding": "none", "cpu_offload": True}}, "needs trainer.sharding=fsdp"),
+                            ({"trainer": {"cpu_offload": True, "device": "cpu"}}, "needs an accelerator")]:
         cfg = config(tmp_path, "refused", 1, **sections)
         with pytest.raises(ConfigError, match=named):
             build_stages(cfg)

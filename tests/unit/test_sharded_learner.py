@@ -30,13 +30,15 @@ CASES = {
     "one_group": dict(sizes=[6], algo=dict(aggregation="seq_mean_token_sum_norm")),  # rank 1 owns no row
     "critic": dict(sizes=[4, 4, 4], algo=dict(advantage="gae", critic=True)),  # ppo: a replicated value head
     "nan_on_rank_1": dict(sizes=[4, 4, 4, 4], algo={}, nan_rank=1),
+    "checkpointing": dict(sizes=[4, 4, 4], algo={}, trainer=dict(gradient_checkpointing=True)),
 }
+BF16 = dict(sizes=[4, 4, 4, 4], algo={}, dtype="float32", bf16=True)  # bf16 compute, fp32 master weights
 
 
 def learner_for(case, parallel):
     algo = Algorithm(AlgoConfig(**case["algo"]), max_new_tokens=6)
-    model = tiny_llama(16, hidden=32, layers=2, heads=4, seed=0).double()
-    learner = Learner(model, TrainerConfig(**{**TRAINER, **case.get("trainer", {})}), bf16=False,
+    model = tiny_llama(16, hidden=32, layers=2, heads=4, seed=0).to(getattr(torch, case.get("dtype", "float64")))
+    learner = Learner(model, TrainerConfig(**{**TRAINER, **case.get("trainer", {})}), bf16=case.get("bf16", False),
                       critic=algo.critic, parallel=parallel)
     return learner, algo
 
@@ -72,6 +74,10 @@ def run_cases(parallel, cases, checkpoint_dir, tokenizer):
     for name, case in cases.items():
         learner, algo = learner_for(case, sharded)
         out[name] = state_of(learner, update(learner, algo, case))
+    learner, algo = learner_for(BF16, Sharded(bf16=True))
+    out["bf16"] = state_of(learner, update(learner, algo, BF16))
+    out["bf16_dtypes"] = {p.dtype for p in learner.model.parameters()} | {
+        v.dtype for state in learner.optimizer.state.values() for k, v in state.items() if k != "step"}
     learner, algo = learner_for(CASES["grpo"], sharded)  # two updates, a checkpoint between them
     update(learner, algo, CASES["grpo"])
     state = {"step": 1, "shuffle": learner.shuffle.get_state()}  # what RunState adds (its rng part)
@@ -116,6 +122,19 @@ def test_two_sharded_ranks_update_like_one_process(two_ranks, name):
     reference = state_of(learner, update(learner, algo, CASES[name]))
     assert_same(ranks[0][name], reference)
     assert_same(ranks[1][name], ranks[0][name])
+
+
+def test_bf16_computes_in_bf16_over_fp32_master_weights(two_ranks):
+    """FSDP2 casts every weight to bf16 for the forward (norms and embeddings too, which autocast on one process
+    keeps in fp32), so the update is not one process's to rounding: the gradient norm agrees to 1e-3 and
+    weights to 5 steps of lr (AdamW's sign-like step on elements whose gradient is near zero)."""
+    ranks, _ = two_ranks
+    learner, algo = learner_for(BF16, Parallel())
+    params, _, _, metrics = state_of(learner, update(learner, algo, BF16))
+    assert ranks[0]["bf16_dtypes"] == {torch.float32}  # master weights and AdamW moments
+    assert ranks[0]["bf16"][3]["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-3)
+    for mine, ref in zip(ranks[0]["bf16"][0], params, strict=True):
+        torch.testing.assert_close(mine, ref, rtol=0, atol=5 * TRAINER["lr"])
 
 
 def test_the_cases_exercise_what_they_claim(two_ranks):

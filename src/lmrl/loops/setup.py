@@ -175,6 +175,9 @@ def check_sharding(cfg: Config) -> None:
     """What `trainer.sharding: fsdp` does not run with (on any number of ranks: its checkpoints are sharded)."""
     if cfg.trainer.cpu_offload and cfg.trainer.sharding != "fsdp":
         raise ConfigError("trainer.cpu_offload keeps FSDP2 shards on the CPU: it needs trainer.sharding=fsdp")
+    if cfg.trainer.cpu_offload and resolve_device(cfg.trainer.device).type != "cuda":
+        raise ConfigError("trainer.cpu_offload keeps the shards of a CUDA learner in CPU memory (FSDP2's "
+                          "CPUOffloadPolicy needs an accelerator to compute on); a CPU learner's shards are there already")
     if cfg.trainer.sharding != "fsdp":
         return
     sampler = SAMPLERS.get(cfg.data.sampler)
