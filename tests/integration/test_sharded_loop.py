@@ -92,7 +92,7 @@ def test_a_sharded_run_resumes_on_two_ranks_and_on_one_process(runs):
     assert resumed_updates == stages.learner.optimizer_steps == 4  # steps 3 and 4, two mini-batches each
 
 
-def test_export_writes_the_gathered_weights(runs):
+def test_export_and_merge_write_the_gathered_weights(runs):
     tmp, (gathered, _, _) = runs
     assert main(["export", str(tmp / "full" / "runs" / "toy"), "--merge", str(tmp / "exported")]) == 0
     model = AutoModelForCausalLM.from_pretrained(tmp / "exported")
@@ -100,6 +100,10 @@ def test_export_writes_the_gathered_weights(runs):
     assert exported.keys() == gathered.keys()
     for k, v in gathered.items():
         assert torch.equal(exported[k], v), k
+    run = str(tmp / "full" / "runs" / "toy")
+    assert main(["merge", run, run, "--t", "0.5", "--out", str(tmp / "merged")]) == 0  # reads the shards too
+    merged = AutoModelForCausalLM.from_pretrained(tmp / "merged").state_dict()
+    assert all(torch.equal(merged[k], v) for k, v in gathered.items())
     initial = load_file(str(tmp / "model" / "model.safetensors"))
     assert max(float((initial[k] - v).abs().max()) for k, v in gathered.items()) > 1e-3  # it trained
 

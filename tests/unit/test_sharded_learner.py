@@ -24,7 +24,7 @@ from conftest import make_tokenizer
 CASES = {
     "grpo": dict(sizes=[4, 4, 4, 4], algo=dict(aggregation="token_mean")),
     "gspo": dict(sizes=[4, 4, 4, 4], algo=dict(loss="gspo", aggregation="seq_mean_token_mean", eps_low=3e-4,
-                                               eps_high=4e-4), trainer=dict(epochs=2)),
+                                               eps_high=4e-4)),
     # uneven groups, one inert, two epochs: the ranks' micro-batch counts differ (idle passes)
     "odd_groups": dict(sizes=[3, 5, 4], flat=[1], algo=dict(aggregation="token_mean"), trainer=dict(epochs=2)),
     "one_group": dict(sizes=[6], algo=dict(aggregation="seq_mean_token_sum_norm")),  # rank 1 owns no row
@@ -68,7 +68,7 @@ def state_of(learner, metrics):
             moments, metrics)
 
 
-def run_cases(parallel, cases, checkpoint_dir, tokenizer):
+def run_cases(parallel, cases, checkpoint_dir, tokenizer, one_process_checkpoint):
     sharded = Sharded()
     out = {}
     for name, case in cases.items():
@@ -85,6 +85,7 @@ def run_cases(parallel, cases, checkpoint_dir, tokenizer):
     out["second"] = state_of(learner, update(learner, algo, CASES["grpo"], seed=1))
     out["local_elements"] = sum(p.to_local().numel() for p in learner.model.parameters())
     out["resumed"] = resume_cases(parallel, checkpoint_dir / "step-000001")  # a fresh learner on 2 ranks
+    out["from_one_process"] = resume_cases(parallel, one_process_checkpoint)
     return out
 
 
@@ -98,7 +99,11 @@ def resume_cases(parallel, checkpoint):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     root = tmp_path_factory.mktemp("sharded")
-    return spawn_local(run_cases, 2, CASES, root, make_tokenizer()), root / "step-000001"
+    learner, algo = learner_for(CASES["grpo"], Parallel())  # a one-process learner's sharded checkpoint
+    update(learner, algo, CASES["grpo"])
+    state = {"step": 1, "shuffle": learner.shuffle.get_state()}
+    one = save_sharded_checkpoint(root / "one", 1, learner, make_tokenizer(), state, 2, Parallel())
+    return spawn_local(run_cases, 2, CASES, root, make_tokenizer(), one), root / "step-000001"
 
 
 def assert_same(mine, ref, metrics=("grad_norm", "entropy", "mismatch_kl", "inert_rows", "skipped_updates")):
@@ -151,5 +156,6 @@ def test_the_cases_exercise_what_they_claim(two_ranks):
 def test_a_sharded_checkpoint_resumes_on_one_process_and_on_two_ranks(two_ranks):
     ranks, checkpoint = two_ranks
     uninterrupted = ranks[0]["second"]
-    assert_same(resume_cases(Parallel(), checkpoint), uninterrupted)
-    assert_same(ranks[0]["resumed"], uninterrupted)
+    assert_same(resume_cases(Parallel(), checkpoint), uninterrupted)  # 2 ranks -> 1 process
+    assert_same(ranks[0]["resumed"], uninterrupted)  # 2 -> 2
+    assert_same(ranks[0]["from_one_process"], uninterrupted)  # 1 -> 2
