@@ -31,6 +31,8 @@ CASES = {
     "critic": dict(sizes=[4, 4, 4], algo=dict(advantage="gae", critic=True)),  # ppo: a replicated value head
     "nan_on_rank_1": dict(sizes=[4, 4, 4, 4], algo={}, nan_rank=1),
     "checkpointing": dict(sizes=[4, 4, 4], algo={}, trainer=dict(gradient_checkpointing=True)),
+    # a KL term: the reference is sharded too, its log-probs of each rank's own rows (uneven passes)
+    "kl_reference": dict(sizes=[3, 5, 4], algo=dict(kl_coef=0.5)),
 }
 BF16 = dict(sizes=[4, 4, 4, 4], algo={}, dtype="float32", bf16=True)  # bf16 compute, fp32 master weights
 
@@ -39,7 +41,7 @@ def learner_for(case, parallel):
     algo = Algorithm(AlgoConfig(**case["algo"]), max_new_tokens=6)
     model = tiny_llama(16, hidden=32, layers=2, heads=4, seed=0).to(getattr(torch, case.get("dtype", "float64")))
     learner = Learner(model, TrainerConfig(**{**TRAINER, **case.get("trainer", {})}), bf16=case.get("bf16", False),
-                      critic=algo.critic, parallel=parallel)
+                      critic=algo.critic, needs_reference=algo.needs_reference, parallel=parallel)
     return learner, algo
 
 
@@ -48,6 +50,9 @@ def update(learner, algo, case, seed=0):
     if algo.prepare_outputs:
         batch.extras.update(learner.model_outputs(batch, algo.prepare_outputs))
     algo.prepare(batch)
+    if algo.needs_reference:  # after a first update the policy has moved away from the reference
+        own = [r for r, mine in enumerate(learner.parallel.shard(batch)) if mine]
+        batch.extras["ref_logp"] = learner.logprobs(batch, reference=True, rows=own)
     if "nan_rank" in case:
         ranks = assign_groups(batch.group_index.tolist(), batch.attention_mask.sum(1).tolist(), 2)
         row = ranks.index(case["nan_rank"])
@@ -73,6 +78,8 @@ def run_cases(parallel, cases, checkpoint_dir, tokenizer, one_process_checkpoint
     out = {}
     for name, case in cases.items():
         learner, algo = learner_for(case, sharded)
+        if name == "kl_reference":
+            out["reference_sharded"] = all(isinstance(p, DTensor) for p in learner.reference.parameters())
         out[name] = state_of(learner, update(learner, algo, case))
     learner, algo = learner_for(BF16, Sharded(bf16=True))
     out["bf16"] = state_of(learner, update(learner, algo, BF16))
@@ -148,6 +155,7 @@ def test_the_cases_exercise_what_they_claim(two_ranks):
     assert ranks[0]["odd_groups"][3]["inert_rows"] > 0
     assert ranks[0]["nan_on_rank_1"][3]["skipped_updates"] == 1.0
     assert ranks[0]["critic"][3]["critic/grad_norm"] > 0
+    assert ranks[0]["reference_sharded"]
     total = sum(p.numel() for p in tiny_llama(16, hidden=32, layers=2, heads=4).parameters())
     assert ranks[0]["local_elements"] + ranks[1]["local_elements"] == total  # each element on one rank
     assert ranks[0]["local_elements"] <= total / 2 + 32 * 2  # half of each tensor (rounded up per row)

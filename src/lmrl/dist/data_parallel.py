@@ -63,9 +63,10 @@ class Parallel:
         """True when `ok` holds on every rank."""
         return ok
 
-    def wrap(self, root: torch.nn.Module, model: torch.nn.Module, first_pass: Callable[[], None]) -> None:
-        """Shard the learner's forward module `root` (holding `model`) over the ranks, in place, then run
-        `first_pass` (a forward of `root`); replicas: nothing."""
+    def wrap(self, root: torch.nn.Module, model: torch.nn.Module, first_pass: Callable[[], None],
+             frozen: bool = False) -> None:
+        """Shard the learner's forward module `root` (holding `model`; `frozen`: the reference's) over the
+        ranks, in place, then run `first_pass` (a forward of `root`); replicas: nothing."""
 
     def passes(self, count: int) -> int:
         """How many forward passes every rank runs when this one has `count` (sharded: the most of any rank)."""

@@ -45,14 +45,16 @@ class Sharded(DataParallel):
         self.root: torch.nn.Module | None = None
         self.layers: list[torch.nn.Module] = []
 
-    def wrap(self, root: torch.nn.Module, model: torch.nn.Module, first_pass: Callable[[], None]) -> None:
+    def wrap(self, root: torch.nn.Module, model: torch.nn.Module, first_pass: Callable[[], None],
+             frozen: bool = False) -> None:
         """Shard `root` in place: each of `model`'s decoder layers (its `_no_split_modules` classes) a unit,
         then `root` itself (embeddings, final norm, LM head and whatever else is left).
 
         `first_pass` runs a forward of `root` (FSDP2 finds its units from the first module called). After it
         the root too gives its weights back after every forward (FSDP2 keeps a root's whole until the
         backward), so that between passes every parameter is its shard: what the optimiser holds and what a
-        checkpoint reads, and no forward runs on whole weights gathered before an optimiser step."""
+        checkpoint reads, and no forward runs on whole weights gathered before an optimiser step. `frozen`:
+        a model that never trains nor generates (the reference), sharded the same way, its passes in lock-step."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -73,7 +75,8 @@ class Sharded(DataParallel):
         for unit in [*layers, root]:
             unit.set_gradient_divide_factor(1.0)
             unit.set_force_sum_reduction_for_comms(True)
-        self.root, self.layers = root, layers
+        if not frozen:
+            self.root, self.layers = root, layers
         first_pass()
         root.reshard()
         root.set_reshard_after_forward(True, recurse=False)

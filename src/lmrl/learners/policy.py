@@ -64,8 +64,12 @@ class Learner:
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.forward_module = PackedForward(model)
-        # sharded: the parameters are each rank's shards from here on
+        # sharded: the parameters are each rank's shards from here on (the reference's too)
         self.parallel.wrap(self.forward_module, model, first_pass=lambda: self._idle_pass(backward=False))
+        self.reference_forward = PackedForward(self.reference) if self.reference is not None else None
+        if self.reference is not None:
+            self.parallel.wrap(self.reference_forward, self.reference, frozen=True,
+                               first_pass=lambda: self._idle_pass(False, self.reference_forward))
         self.value_head = None
         self.critic_shares_trunk = critic_shares_trunk
         params = [p for p in model.parameters() if p.requires_grad]
@@ -137,7 +141,7 @@ class Learner:
         packed = pack(batch, units, pad_id=0, bins=unit_bins(batch, units) if self.cfg.pack_rows else None)
         where = (packed.src_row.to(self.device), packed.src_pos.to(self.device))
         with self._autocast():
-            forward = self.forward_module if model is self.model else PackedForward(model)
+            forward = self._forward_of(model)
             last_hidden, hidden_states, selected, logits = forward(
                 packed.input_ids.to(self.device), packed.attention_mask.to(self.device),
                 packed.position_ids.to(self.device), *where, output_hidden_states=layer_states)
@@ -216,24 +220,31 @@ class Learner:
         sub = batch if rows is None else batch.select(rows)
         targets = list(range(batch.num_rows)) if rows is None else rows
         micro = self.micro_batches(sub) if sub.num_rows else []
-        # sharded ranks run as many passes of the policy as each other, agreed before the first
-        idle = self.parallel.passes(len(micro)) - len(micro) if model is self.model else 0
+        # sharded ranks run as many passes of the policy (or reference) as each other, agreed before the first
+        shared = model is self.model or model is self.reference
+        idle = self.parallel.passes(len(micro)) - len(micro) if shared else 0
         with _evaluating(model), context:
             for micro_rows in micro:
                 logp = self.forward_logprobs(model, sub.select(micro_rows), with_entropy=False)["logp"]
                 out[[targets[r] for r in micro_rows], : logp.shape[1]] = logp.cpu()
             for _ in range(idle):
-                self._idle_pass(backward=False)
+                self._idle_pass(False, self._forward_of(model))
         return out
 
-    def _idle_pass(self, backward: bool) -> None:
-        """A pass of the policy on one two-token row whose loss weighs zero: a sharded rank's share of the
-        collectives of a pass that another rank runs on its rows, adding nothing to the gradients."""
+    def _forward_of(self, model) -> torch.nn.Module:
+        """The forward module of the policy, of the reference (both sharded when the learner is), or of another model."""
+        if model is self.model:
+            return self.forward_module
+        return self.reference_forward if model is self.reference else PackedForward(model)
+
+    def _idle_pass(self, backward: bool, forward: torch.nn.Module | None = None) -> None:
+        """A pass of the policy (or `forward`) on one two-token row whose loss weighs zero: a sharded rank's
+        share of the collectives of a pass that another rank runs on its rows, adding nothing to the gradients."""
         ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
         first = torch.zeros(1, dtype=torch.long, device=self.device)
+        forward = forward or self.forward_module
         with self._autocast(), torch.set_grad_enabled(backward):
-            logits = self.forward_module(ids, torch.ones_like(ids), torch.arange(2, device=self.device)[None],
-                                         first, first)[3]
+            logits = forward(ids, torch.ones_like(ids), torch.arange(2, device=self.device)[None], first, first)[3]
         if backward:
             (logits.float().sum() * 0.0).backward()
 
