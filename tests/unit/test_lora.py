@@ -76,7 +76,8 @@ def test_the_reference_is_the_base_with_adapters_disabled_and_no_copy(tmp_path, 
     s = stages_for(lora_config(tmp_path, algo={"kl_coef": 0.01}))
     assert s.algorithm.needs_reference and s.learner.reference is None
     modules = [m for m in vars(s.learner).values() if isinstance(m, torch.nn.Module)]
-    assert modules == [s.model]  # the policy is the only model the learner holds
+    held = {id(p) for m in modules for p in m.parameters()}
+    assert s.model in modules and held == {id(p) for p in s.model.parameters()}  # no weights but the policy's
     perturb_adapters(s.model)
     batch = make_batch(len(tokenizer))
     reference = s.learner.logprobs(batch, reference=True)
