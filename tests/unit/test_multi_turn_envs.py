@@ -177,7 +177,7 @@ def test_code_interpreter_runs_blocks_shows_output_and_ends_on_a_plain_reply():
 def test_format_credit_is_paid_once_with_the_answer_so_calling_more_earns_nothing():
     from lmrl.envs.code_interpreter import CodeInterpreterEnv
 
-    env = CodeInterpreterEnv(timeout_s=2.0)
+    env = CodeInterpreterEnv(timeout_s=10.0)  # a first sandbox start on a busy machine can take seconds
     _, state = env.reset({"question": "q"}, 0)
     rewards = [env.step("```python\nprint(1)\n```", state).reward for _ in range(3)]
     assert rewards == [0.0, 0.0, 0.0]  # cut off here (max_turns), the episode's return is 0
