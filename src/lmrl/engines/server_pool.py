@@ -21,7 +21,7 @@ import torch
 
 from lmrl.engines.broadcast import Broadcaster, ChangeTracker, plan_weights
 from lmrl.engines.server import EngineHost, ProcessServer, RayServer, ServerDied, ServerFailed, ServerSpec
-from lmrl.engines.workers import _placement, chunk_seeds, ray_session, split_evenly
+from lmrl.engines.workers import _placement, chunk_jobs, ray_session, say_restart
 from lmrl.models.weights import inference_weights, is_peft
 
 
@@ -106,9 +106,7 @@ class ServerPool:
     def generate(self, prompts, n, params, generator: torch.Generator | None = None):
         if not prompts:
             return []
-        chunks = split_evenly(len(prompts), len(self.servers))
-        seeds = chunk_seeds(generator, len(chunks))
-        jobs = {i: (prompts[a:b], n, params, seed) for i, ((a, b), seed) in enumerate(zip(chunks, seeds)) if b > a}
+        jobs = chunk_jobs(prompts, n, params, generator, len(self.servers))
         results = {}
         while jobs:
             died = self._collect(jobs, "generate", lambda i: jobs[i], results)
@@ -158,6 +156,9 @@ class ServerPool:
                                      f"(dist.max_restarts={self.max_restarts})")
                 self.restarts += len(died)
                 for i in died:
+                    say_restart("engine server", i, f"exit code {self.servers[i].process.exitcode}"
+                                if hasattr(self.servers[i], "process") else "its actor is gone",
+                                self.restarts, self.max_restarts)
                     self.servers[i].kill()
                     self.servers[i] = self._start(i)
                 died = self._collect(died)  # their "ready"

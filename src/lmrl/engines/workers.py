@@ -12,6 +12,7 @@ docs/scaling.md.
 from __future__ import annotations
 
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -77,10 +78,7 @@ class WorkerPool:
     def generate(self, prompts, n, params, generator: torch.Generator | None = None):
         if not prompts:
             return []
-        chunks = split_evenly(len(prompts), len(self.workers))
-        seeds = chunk_seeds(generator, len(chunks))
-        jobs = {i: (prompts[a:b], n, params, seed) for i, ((a, b), seed) in enumerate(zip(chunks, seeds)) if b > a}
-        results = self._run(jobs)
+        results = self._run(chunk_jobs(prompts, n, params, generator, len(self.workers)))
         return [group for i in sorted(results) for group in results[i]]
 
     def _run(self, jobs: dict) -> dict:
@@ -96,6 +94,7 @@ class WorkerPool:
                 if not self._died(err) or self.restarts >= self.max_restarts:
                     raise
                 self.restarts += 1
+                say_restart("rollout worker", i, err, self.restarts, self.max_restarts)
                 self.workers[i] = self._start(i)
                 if self.weights is not None:
                     self._wait([self._call(self.workers[i], "load", self.weights, self.version)])
@@ -122,6 +121,21 @@ class WorkerPool:
                 self.ray.util.remove_placement_group(self.placement)
         else:
             self.threads.shutdown()
+
+
+def chunk_jobs(prompts: list, n: int, params, generator: torch.Generator | None, workers: int) -> dict[int, tuple]:
+    """Worker index -> (its contiguous chunk of `prompts`, n, params, its seed): a batch split over `workers`,
+    each chunk sampled from a seed drawn from the run's generator (empty chunks left out)."""
+    chunks = split_evenly(len(prompts), workers)
+    seeds = chunk_seeds(generator, len(chunks))
+    return {i: (prompts[a:b], n, params, seed) for i, ((a, b), seed) in enumerate(zip(chunks, seeds)) if b > a}
+
+
+def say_restart(what: str, index: int, reason, restarts: int, limit: int) -> None:
+    """Show, when it happens, that a worker or server died and was started again (its chunk re-run)."""
+    print(f"{what} {index} died ({str(reason).splitlines()[0] if str(reason) else type(reason).__name__}); "
+          f"started again, its prompts re-run with the same seed (restart {restarts} of "
+          f"dist.max_restarts={limit})", file=sys.stderr, flush=True)
 
 
 def chunk_seeds(generator: torch.Generator | None, chunks: int) -> list[int]:
