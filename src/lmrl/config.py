@@ -50,8 +50,9 @@ class TaskConfig(Section):
     # = 1, 2, …; the plain prompt is 0; `variant_of` = the prompt's uid), e.g. Policy Split's high-entropy mode
     prompt_variants: list[str] = Field(default_factory=list)
     # a reference completion built from the row's fields, e.g. "{solution}" or "Answer: {answer}"
-    # (used by data.demonstrations; docs/methods/demonstrations.md)
-    demonstration: str | None = None
+    # (used by data.demonstrations; docs/methods/demonstrations.md); with an environment and
+    # batches.source=demonstrations, a list: one template per policy turn of a worked episode (docs/stages/sft.md)
+    demonstration: str | list[str] | None = None
     # the row field holding other policies' completions, [{"text": ..., "logprob": ...}, ...]
     # (data.demonstrations=peers, Mutual RL's PRP; docs/methods/demonstrations.md)
     peer_rollouts: str | None = None

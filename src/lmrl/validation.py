@@ -222,6 +222,7 @@ def _demonstrations(cfg: Config) -> None:
     if spec.template and not cfg.task.demonstration:
         raise ConfigError(f"data.demonstrations={mode} needs task.demonstration, a template over the task row's "
                           "fields (e.g. '{solution}' or 'Answer: {answer}')")
+    _demonstration_script(cfg, spec.template)
     if not spec.in_advantage and a.critic:
         raise ConfigError(f"data.demonstrations={mode} leaves its rows out of the advantage estimate, which "
                           "algo.critic=true (value targets for every row) does not support; use group or no critic")
@@ -378,6 +379,22 @@ def _rejected_tokens(cfg: Config) -> None:
 # --- stage "data": the loaded task rows ---------------------------------------------------------
 
 
+def _demonstration_script(cfg: Config, sample_source: bool) -> None:
+    """A list of templates is a worked episode's policy turns: only an environment's demonstrations batch source
+    plays one, and it has no single completion to regenerate."""
+    demo, played = cfg.task.demonstration, cfg.env.name is not None and cfg.batches.source == "demonstrations"
+    if isinstance(demo, list) and not demo:
+        raise ConfigError("task.demonstration is an empty list: give one template per policy turn")
+    if isinstance(demo, list) and (not played or sample_source):
+        raise ConfigError("task.demonstration is a list (one template per policy turn), which is a worked episode of "
+                          "an environment: it needs env.name and batches.source=demonstrations"
+                          + (f", not data.demonstrations={cfg.data.demonstrations}" if sample_source else "")
+                          + "; elsewhere give one template")
+    if played and cfg.batches.on_policy is not None:
+        raise ConfigError("batches.on_policy regenerates one completion per row, but the worked episodes of "
+                          f"env.name={cfg.env.name} are several turns; leave batches.on_policy unset")
+
+
 def _demonstration_rows(cfg: Config, rows: list[dict]) -> None:
     """Peer rollouts and demonstration templates read row fields every training row must carry."""
     mode = cfg.data.demonstrations
@@ -388,8 +405,9 @@ def _demonstration_rows(cfg: Config, rows: list[dict]) -> None:
         if lacking:
             raise ConfigError(f"task.{field}={name!r}: {lacking} task rows lack that field "
                               f"as a list of {{'text': ..., 'logprob': ...}} (they have: {', '.join(sorted(rows[0]))})")
-    elif SAMPLE_SOURCES.spec(mode).template:
-        missing = sorted(n for n in template_fields(cfg.task.demonstration) if any(n not in r for r in rows))
+    elif SAMPLE_SOURCES.spec(mode).template or (cfg.batches.source == "demonstrations" and cfg.task.demonstration):
+        script = cfg.task.demonstration if isinstance(cfg.task.demonstration, list) else [cfg.task.demonstration]
+        missing = sorted({n for t in script for n in template_fields(t) if any(n not in r for r in rows)})
         if missing:
             raise ConfigError(f"task.demonstration={cfg.task.demonstration!r} reads the row fields {missing}, which "
                               f"some task rows lack (they have: {', '.join(sorted(rows[0]))})")

@@ -170,12 +170,25 @@ def steps(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> Of
                         completions=True)
 def task_demonstrations(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> OfflineData:
     """The prompt exactly as a rollout of the row sees it (chat template, system prompt), followed by
-    `task.demonstration` filled from the row and EOS; the held-out task rows give the eval loss."""
+    `task.demonstration` filled from the row and EOS; the held-out task rows give the eval loss. With an
+    environment, the demonstration is a script of policy turns played against it (`data.scripted_episodes`)."""
+    held = eval_rows[: cfg.batches.num_eval]
+    if cfg.env.name is not None:
+        from lmrl.data.scripted_episodes import episode_demonstrations
+
+        train, dropped = episode_demonstrations(cfg, tokenizer, rows, "row-")
+        held_groups, _ = episode_demonstrations(cfg, tokenizer, held, "eval-")
+        if not train:
+            raise ValueError(f"task.demonstration: no worked episode of environment {cfg.env.name} followed its "
+                             f"script ({'; '.join(f'{n} {why}' for why, n in dropped.items())})")
+        return OfflineData(train, held_groups, dict(dropped),
+                           f"worked episodes of environment {cfg.env.name} on task {cfg.task.name}")
+
     def groups(of: list[dict], prefix: str) -> list[Group]:
         return [Group(f"{prefix}{i}", row, [demonstration_sample(tokenizer, row, cfg.task.demonstration,
                                                                  tokenizer.eos_token_id, Origin.DATASET)])
                 for i, row in enumerate(of)]
-    return OfflineData(groups(rows, "row-"), groups(eval_rows[: cfg.batches.num_eval], "eval-"), {},
+    return OfflineData(groups(rows, "row-"), groups(held, "eval-"), {},
                        f"demonstrations of task {cfg.task.name} ({cfg.task.demonstration!r})")
 
 

@@ -135,16 +135,25 @@ def episode_seeds(generator: torch.Generator | None, count: int) -> list[int]:
 def run_episodes(engine, tokenizer, rows: list[dict[str, Any]], n: int, params, env, limits: Limits,
                  generator: torch.Generator | None = None, steps: StepPool | None = None) -> list[Group]:
     """`n` episodes of `env` per row, as Groups of Samples (one per row, in order)."""
+    turn_params = replace(params, keep_prefix=True)
+
+    def sampled(live: list[Episode]) -> list:
+        return [outs[0] for outs in engine.generate([e.prompt_ids + e.ids for e in live], 1, turn_params, generator)]
+
+    return play_episodes(sampled, tokenizer, rows, n, episode_seeds(generator, len(rows) * n), env, limits, steps)
+
+
+def play_episodes(turns: Callable[[list[Episode]], list], tokenizer, rows: list[dict[str, Any]], n: int,
+                  seeds: list[int], env, limits: Limits, steps: StepPool | None = None) -> list[Group]:
+    """`n` episodes of `env` per row, whose policy turns `turns` writes: given the live episodes, one
+    `Completion` each (an engine's samples, or a scripted demonstration's tokens)."""
     own = steps is None
     steps = steps or StepPool(limits.concurrency, limits.step_timeout_s)
-    seeds = episode_seeds(generator, len(rows) * n)
     episodes = [Episode(row=row, seed=seeds[i * n + j]) for i, row in enumerate(rows) for j in range(n)]
-    turn_params = replace(params, keep_prefix=True)
     try:
         _open(episodes, env, tokenizer, steps)
         while live := [e for e in episodes if not e.done]:
-            completions = engine.generate([e.prompt_ids + e.ids for e in live], 1, turn_params, generator)
-            replied = [e for e, outs in zip(live, completions) if _append_turn(e, outs[0], tokenizer, limits)]
+            replied = [e for e, c in zip(live, turns(live)) if _append_turn(e, c, tokenizer, limits)]
             results = steps.run([lambda e=e: env.step(e.replies[-1], e.state) for e in replied])
             for e, (step, problem) in zip(replied, results):
                 _answer(e, step, problem, tokenizer, limits)
