@@ -25,7 +25,7 @@ console = Console(stderr=True)
 
 REGISTRY_KINDS = ["advantages", "losses", "aggregations", "kl", "rewards", "group-rewards", "reward-aggregations",
                   "samplers", "filters", "tasks", "engines", "environments", "sample-sources", "teacher-contexts",
-                  "weight-transports", "terms", "shapers", "sources"]
+                  "weight-transports", "terms", "shapers", "sources", "rollout-controllers"]
 LIST_KINDS = ["algos", "recipes", "stages", *REGISTRY_KINDS]
 
 
@@ -54,13 +54,13 @@ def _registries() -> dict:
     from lmrl.data.demonstrations import SAMPLE_SOURCES
     from lmrl.engines import ENGINES
     from lmrl.engines.weight_sync import WEIGHT_TRANSPORTS
-    from lmrl.envs import ENVIRONMENTS, TASKS
+    from lmrl.envs import ENVIRONMENTS, ROLLOUT_CONTROLLERS, TASKS
     from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
 
     return dict(zip(REGISTRY_KINDS, [ADVANTAGES, LOSSES, AGGREGATIONS, KL_ESTIMATORS, REWARD_FNS, GROUP_REWARD_FNS,
                                      REWARD_AGGREGATIONS, SAMPLERS, GROUP_FILTERS, TASKS, ENGINES, ENVIRONMENTS,
                                      SAMPLE_SOURCES, TEACHER_CONTEXTS, WEIGHT_TRANSPORTS, TERMS, SHAPERS,
-                                     BATCH_SOURCES]))
+                                     BATCH_SOURCES, ROLLOUT_CONTROLLERS]))
 
 
 def stage_kinds() -> list[tuple[str, str]]:

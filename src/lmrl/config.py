@@ -105,6 +105,10 @@ class RolloutConfig(Section):
     stream_chunks: int = Field(1, ge=1)
     # async loop: a batch (chunk) from its step's version (fixed, reproducible) or the newest the bound admits
     versions: Literal["fixed", "newest"] = "fixed"
+    # what writes the training rollouts' completions (`lmrl list rollout-controllers`; docs/methods/tree_rollouts.md):
+    # none (one generate call) or e.g. tree (segment-level branching), with its knobs
+    controller: str | None = None
+    controller_params: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _async_modes(self) -> "RolloutConfig":

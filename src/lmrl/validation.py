@@ -24,6 +24,7 @@ from lmrl.data.demonstrations import SAMPLE_SOURCES, source_params, template_fie
 from lmrl.engines import ENGINES
 from lmrl.engines.weight_sync import WEIGHT_TRANSPORTS
 from lmrl.envs import ENVIRONMENTS, TASKS
+from lmrl.envs.controllers import check_controller
 from lmrl.inputs import provided_inputs
 from lmrl.inputs.vocabulary import (ALIASES, INPUT_KNOBS, ROW_FIELD_INPUTS, STEP_FIELDS, pmi_field,
                                     unknown_inputs_message)
@@ -494,7 +495,7 @@ PIPELINE: list[tuple[str, Callable[..., None]]] = [
     ("combinations", _kl_in_reward), ("combinations", _stop_rules), ("combinations", check_batches), ("combinations", _groups), ("combinations", _declared_checks),
     ("combinations", _peers), ("combinations", _demonstrations), ("combinations", _sample_source),
     ("combinations", _critic), ("combinations", _inputs), ("combinations", _rejected_tokens), ("combinations", _sampler_probe),
-    ("combinations", _streaming),
+    ("combinations", _streaming), ("combinations", check_controller),
     ("data", _demonstration_rows), ("data", _source_rows), ("data", _method_rows),
 ]
 

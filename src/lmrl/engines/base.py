@@ -30,6 +30,10 @@ class Completion:
     logprobs: list[float]  # log-prob of each token under the sampling distribution (logits / temperature)
     finish_reason: str  # "stop" or "length"
     policy_version: list[int] = field(default_factory=list)
+    # set by a rollout controller (`envs.controllers`): tokens it wrote itself are 0 (no loss), and what it
+    # records about the completion (a tree rollout's path) goes to `Sample.info`
+    loss_mask: list[int] | None = None
+    info: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -101,8 +101,10 @@ def _append_to_last_user(messages: list[dict[str, Any]], instruction: str) -> li
             for i, m in enumerate(messages)]
 
 
-def rollout(engine, tokenizer, rows: list[dict[str, Any]], n: int, params, generator=None, env=None) -> list:
-    """Generate `n` completions per row (one batched engine call) and wrap them as Groups of Samples.
+def rollout(engine, tokenizer, rows: list[dict[str, Any]], n: int, params, generator=None, env=None,
+            controller=None) -> list:
+    """Generate `n` completions per row (one batched engine call, or the rollout `controller`'s calls:
+    `envs.controllers`) and wrap them as Groups of Samples.
 
     With an `env` config naming an environment (`EnvConfig.name`), each row is instead played as `n`
     multi-turn episodes (`lmrl.envs.episodes`, turn rounds batched across episodes)."""
@@ -114,7 +116,9 @@ def rollout(engine, tokenizer, rows: list[dict[str, Any]], n: int, params, gener
 
         limits = Limits(env.max_turns, env.max_episode_tokens, env.step_timeout_s, env.concurrency)
         return run_episodes(engine, tokenizer, rows, n, params, build_env(env.name, env.params), limits, generator)
-    completions = engine.generate([r["prompt_ids"] for r in rows], n, params, generator)
+    prompts = [r["prompt_ids"] for r in rows]
+    completions = (controller.complete(engine, prompts, n, params, generator) if controller is not None
+                   else engine.generate(prompts, n, params, generator))
     groups = []
     for row, outs in zip(rows, completions):
         samples = []
@@ -122,6 +126,7 @@ def rollout(engine, tokenizer, rows: list[dict[str, Any]], n: int, params, gener
             text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
             samples.append(Sample(prompt_ids=list(row["prompt_ids"]), completion_ids=c.token_ids,
                                   behaviour_logprobs=c.logprobs, finish_reason=c.finish_reason,
-                                  policy_version=c.policy_version, text=text, row=row))
+                                  policy_version=c.policy_version, text=text, row=row,
+                                  loss_mask=getattr(c, "loss_mask", None), info=dict(getattr(c, "info", {}))))
         groups.append(Group(uid=row["uid"], row=row, samples=samples))
     return groups

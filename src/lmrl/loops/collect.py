@@ -12,6 +12,7 @@ from statistics import mean
 
 from lmrl.data.samplers import sampler_metrics
 from lmrl.envs import expand_prompts, pooled, prompt_families, rollout
+from lmrl.envs.tree_rollout import tree_metrics
 from lmrl.eval.evaluator import evaluate
 from lmrl.inputs import InputContext, provide, requested_inputs
 from lmrl.loops.batching import to_batch
@@ -27,7 +28,7 @@ def roll_out_and_score(s: Stages, rows: list[dict], generator
     """Roll `rows` out (as `envs.expand_prompts` expands them) and score them: the groups, the prompt families the
     group filter keeps (judged on their pooled samples), and the scorer's metrics."""
     groups = rollout(s.engine, s.tokenizer, expand_prompts(rows), s.cfg.rollout.group_size, s.params, generator,
-                     s.cfg.env)
+                     s.cfg.env, s.controller)
     metrics = s.scorer.score(groups)
     return groups, [f for f in prompt_families(rows, groups) if s.keep_group(pooled(f))], metrics
 
@@ -82,6 +83,7 @@ def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, f
         "entropy/rollout": -sum(sum(x.behaviour_logprobs) for x in samples) / max(sum(lengths), 1),
     }
     out.update(gaming_metrics(scored, accuracy_component))  # rewarded answers that restate the question
+    out.update(tree_metrics(groups))  # tokens generated once per tree node against once per leaf
     for name in sorted({k for x in samples for k in x.info.get("metrics", {})}):  # rollout's own (envs)
         out[name] = mean([x.info["metrics"][name] for x in samples if name in x.info.get("metrics", {})])
     names = {k for x in scored for k in x.rewards}

@@ -17,6 +17,7 @@ from lmrl.dist.rollouts import ShardedRollouts
 from lmrl.data import BATCH_SOURCES, GROUP_FILTERS, SAMPLERS, OfflineData, build_sampler, sample_source
 from lmrl.data.probe import bind_probe
 from lmrl.engines import SamplingParams, sampling_params
+from lmrl.envs.controllers import build_controller
 from lmrl.envs.pieces import Pieces, build_pieces
 from lmrl.envs.prepare import check_rows_for_a_step, encode_task
 from lmrl.envs.tasks import TaskData, load_task
@@ -48,6 +49,7 @@ class Stages:
     data_notes: dict[str, float]
     parallel: Parallel = field(default_factory=Parallel)  # this process's rank in a data-parallel run
     offline: OfflineData | None = None  # an offline batch source's encoded rows (`batches.source`); None: rollouts
+    controller: Any = None  # what writes the training rollouts' completions (`rollout.controller`); None: the engine
 
 
 def preflight(cfg: Config, rows: int = 16, resume: Path | None = None, trains: bool = True) -> str:
@@ -140,7 +142,7 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
         sampler=sampler, keep_group=GROUP_FILTERS.get(cfg.data.group_filter), scorer=scorer,
         add_samples=sample_source(cfg, tokenizer, scorer), eval_rows=pieces.eval_rows,
         generator=generator, params=sampling_params(cfg), data_notes=pieces.data_notes, parallel=parallel,
-        offline=offline,
+        offline=offline, controller=build_controller(cfg.rollout.controller, cfg.rollout.controller_params),
     )
 
 

@@ -1,0 +1,83 @@
+"""Rollout controllers: what acts inside generation, between the engine and the rollout (`rollout.controller`).
+
+A controller writes a single-turn rollout's completions through the engine instead of one `generate` call:
+it may continue from any token prefix of an earlier completion, branch it k ways, and stop a branch. It
+sees the engine only through `generate` on token-id prompts, so any engine works (hf, vLLM, the rollout
+worker pool, engine servers) and a continuation's tokens and behaviour log-probs are exactly what the engine
+sampled given the prefix (`continue_from`). What a controller records about a completion (a tree rollout's
+path) travels in `Completion.info` to `Sample.info`, and tokens it would leave out of the loss in
+`Completion.loss_mask`. Registered controllers: `lmrl list rollout-controllers`; the tree rollout is
+`envs.tree_rollout`. Evaluation and sample sources roll out plainly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from pydantic import ValidationError
+
+from lmrl.engines.base import Completion, SamplingParams
+from lmrl.errors import ConfigError
+from lmrl.registry import Registry
+
+
+class RolloutController(Protocol):
+    def complete(self, engine, prompts: list[list[int]], n: int, params: SamplingParams,
+                 generator: torch.Generator | None = None) -> list[list[Completion]]:
+        """For each prompt, `n` completions."""
+
+
+ROLLOUT_CONTROLLERS: Registry = Registry("rollout controller")
+
+
+@dataclass
+class Prefix:
+    """A partial completion of a prompt, to be continued: its tokens so far with their behaviour log-probs and
+    the policy versions that sampled them."""
+
+    prompt: list[int]
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+
+def continue_from(engine, prefixes: list[Prefix], params: SamplingParams,
+                  generator: torch.Generator | None = None) -> list[Completion]:
+    """One continuation of each prefix, sampled by the engine given the prompt and the prefix's tokens, up to
+    `params.max_new_tokens` new tokens. Each is returned whole, prefix included: the prefix's tokens, log-probs
+    and versions as they were sampled, then the new ones as the engine sampled them (nothing re-tokenised)."""
+    if not prefixes:
+        return []
+    outs = engine.generate([p.prompt + p.ids for p in prefixes], 1, params, generator)
+    done = []
+    for p, (c, *_) in zip(prefixes, outs):
+        versions = c.policy_version or [getattr(engine, "version", 0)] * len(c.token_ids)
+        done.append(Completion(p.ids + list(c.token_ids), p.logprobs + list(c.logprobs), c.finish_reason,
+                               p.versions + list(versions)))
+    return done
+
+
+def build_controller(name: str | None, params: dict[str, Any]) -> RolloutController | None:
+    """The registered controller `name` built from its knobs (None: plain rollouts)."""
+    return None if name is None else ROLLOUT_CONTROLLERS.get(name)(**params)
+
+
+def check_controller(cfg) -> None:
+    """A controller writes single-turn completions: it must be registered, its knobs valid, and no environment
+    named (an episode's turns are the episode runner's)."""
+    r = cfg.rollout
+    if r.controller is None:
+        if r.controller_params:
+            raise ConfigError("rollout.controller_params is set but rollout.controller is not: name the controller")
+        return
+    if r.controller not in ROLLOUT_CONTROLLERS:
+        raise ConfigError(f"rollout.controller: {ROLLOUT_CONTROLLERS.unknown_message(r.controller)}")
+    if cfg.env.name is not None:
+        raise ConfigError(f"rollout.controller={r.controller} writes single-turn completions, but env.name="
+                          f"{cfg.env.name} plays episodes whose turns the episode runner samples: unset one of them")
+    try:
+        build_controller(r.controller, r.controller_params)
+    except ValidationError as err:
+        wrong = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e['input']!r})" for e in err.errors())
+        raise ConfigError(f"rollout.controller_params of {r.controller}: {wrong}") from None
