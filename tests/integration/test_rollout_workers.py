@@ -113,6 +113,8 @@ def test_engine_servers_as_ray_actors_give_the_in_process_workers_tokens():
         theirs = workers.generate(prompts, 2, params, torch.Generator().manual_seed(3))
         assert [[c.token_ids for c in g] for g in ours] == [[c.token_ids for c in g] for g in theirs]
         assert {v for g in ours for c in g for v in c.policy_version} == {1}
+        node = pool.ray.util.get_node_ip_address()  # where each actor runs, for the choice of a holder
+        assert [pool.holders.node_of(i) for i in (0, 1)] == [node, node] and pool.holders.of(1)[0].node == node
     finally:
         pool.close()
         workers.close()

@@ -12,6 +12,9 @@ larger tensor alone (the pool's 1 MB moved weights 3–5× faster over gloo than
 With `only_changed` the learner sends only the tensors that moved since the servers received them
 (`ChangeTracker`): the layers a LoRA adapter folds into, the trainable ones of a partly frozen
 model; a server keeps the others from the version before.
+
+A server that holds a version is rank 0 of a group of its own with servers started again after a
+death, on the same store: it sends them its version with the same `send` (`engines.holders`).
 """
 from __future__ import annotations
 
@@ -110,6 +113,14 @@ def _broadcast(group, tensor: torch.Tensor) -> None:
     group.broadcast([tensor], options).wait()
 
 
+def send(group, plan: Plan, tensors: list[torch.Tensor], device: torch.device) -> None:
+    """Rank 0's side of one version's broadcast: `plan`'s buckets, from `device` (the group's)."""
+    for bucket in plan.buckets:
+        parts = [tensors[i].reshape(-1) for i in bucket]
+        flat = parts[0] if len(parts) == 1 else torch.cat(parts)
+        _broadcast(group, flat.to(device).contiguous())
+
+
 def receive(group, plan: Plan, device: torch.device) -> dict[str, torch.Tensor]:
     """A server's side of one version's broadcast: the tensors of `plan`, tied names included."""
     out = {}
@@ -145,7 +156,4 @@ class Broadcaster:
         self.group = new_group(store, 0, world, self.backend, self.timeout_s)
 
     def send(self, plan: Plan, tensors: list[torch.Tensor]) -> None:
-        for bucket in plan.buckets:
-            parts = [tensors[i].reshape(-1) for i in bucket]
-            flat = parts[0] if len(parts) == 1 else torch.cat(parts)
-            _broadcast(self.group, flat.to(self.device).contiguous())
+        send(self.group, plan, tensors, self.device)

@@ -3,7 +3,8 @@
 `EngineHost` is the server's side. It builds the model from its config alone (no weights travel at
 start-up) and the engine over it, joins the learner's weight group (`engines.broadcast`), loads each
 version broadcast to it and generates from token ids: prompts in, `Completion`s out (token ids,
-behaviour log-probs, finish reason, the version it generated with, its own). `serve` runs a host
+behaviour log-probs, finish reason, the version it generated with, its own). A server that holds a
+version sends it, server to server, to those started again after a death (`engines.holders`). `serve` runs a host
 in a process started by `ProcessServer`, taking commands over a multiprocessing pipe; `RayServer`
 runs it as a Ray actor. Both handles give the pool (`engines.server_pool`) one interface: `submit` a
 command, then take its `result`, in order; a server that died raises `ServerDied`.
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import socket
+import sys
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
@@ -20,7 +23,7 @@ from typing import Any
 import torch
 
 from lmrl.engines.base import ENGINES
-from lmrl.engines.broadcast import Plan, join, receive
+from lmrl.engines.broadcast import Plan, join, plan_weights, receive, send
 
 
 class ServerDied(RuntimeError):
@@ -60,8 +63,9 @@ class EngineHost:
         self.engine = ENGINES.get(spec.engine)(self.model, spec.eos_token_ids, spec.pad_token_id, bf16=spec.bf16,
                                                **spec.options)
 
-    def ready(self) -> int:
-        return os.getpid()
+    def ready(self) -> str:
+        """The node this server runs on (`node_name`), for the choice of a holder to read a version from."""
+        return node_name()
 
     def join(self, address: tuple[str, int], rank: int, world: int, generation: int, backend: str,
              timeout_s: float) -> int:
@@ -78,6 +82,19 @@ class EngineHost:
         self.engine.update_weights(None, plan.version)  # vllm pushes the model; hf generates with it
         return plan.version
 
+    def holding(self, bucket_mb: float) -> Plan:
+        """The plan of the version this server holds: its whole model, to send to a server that lacks it."""
+        return plan_weights(self.model.state_dict().items(), self.engine.version, bucket_mb)[0]
+
+    def serve_version(self, address: tuple[str, int], world: int, generation: int, backend: str, timeout_s: float,
+                      bucket_mb: float) -> int:
+        """Be rank 0 of a group of `world` ranks (this server and the ones that lack its version) and send
+        them the version it holds; the bytes sent."""
+        group = join(address, 0, world, generation, backend, timeout_s)
+        plan, tensors = plan_weights(self.model.state_dict().items(), self.engine.version, bucket_mb)
+        send(group, plan, tensors, self.device if backend == "nccl" else torch.device("cpu"))
+        return plan.nbytes
+
     def generate(self, prompts, n, params, seed: int):
         torch.set_num_threads(self.spec.threads)
         return self.engine.generate(prompts, n, params, torch.Generator().manual_seed(seed))
@@ -88,6 +105,14 @@ class EngineHost:
     def close(self) -> None:
         if hasattr(self.engine, "close"):
             self.engine.close()
+
+
+def node_name() -> str:
+    """The node this process runs on: its Ray node's address inside a Ray worker, else the host name."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return ray.util.get_node_ip_address()
+    return socket.gethostname()
 
 
 def serve(conn, spec: ServerSpec) -> None:
