@@ -267,7 +267,7 @@ def test_tree_nodes_are_numbered_per_prompt_and_flat_samples_are_one_node():
 
 @pytest.mark.parametrize("tree, error", [
     ({"nodes": ["A", "A.0"], "ends": [4]}, "one end per node"),
-    ({"nodes": ["A", "A.0"], "ends": [4, 4]}, "must increase strictly"),
+    ({"nodes": ["A", "A.0"], "ends": [5, 4]}, "must not decrease"),
     ({"nodes": ["A", "A.0"], "ends": [4, 7]}, "finish at the completion's 8 tokens"),
 ])
 def test_a_malformed_tree_is_refused(tree, error):
@@ -275,6 +275,13 @@ def test_a_malformed_tree_is_refused(tree, error):
     sample.info["tree"] = tree
     with pytest.raises(ValueError, match=error):
         batch_of([Group("q", {}, [sample])])
+
+
+def test_an_empty_segment_has_no_tokens_and_so_no_node():
+    sample = tree_sample(SPEC_LEAVES[0])
+    sample.info["tree"] = {"nodes": ["A", "A.0", "A.0.0"], "ends": [4, 4, 8]}
+    nodes = batch_of([Group("q", {}, [sample])]).extras["tree_nodes"]
+    assert nodes[0].tolist() == [-1] + [0] * 4 + [1] * 4  # "A.0.0" follows "A" directly
 
 
 def test_a_shared_node_with_different_tokens_is_refused():
@@ -304,3 +311,12 @@ def test_a_training_step_on_flat_rollouts(tmp_path, name):
     """The loop asks for `tree_nodes`, the provider fills it from samples without trees, the step runs."""
     steps, _ = train_tiny(toy_run_config(tmp_path, 1, algo={"advantage": name}))
     assert [r["step"] for r in steps] == [1] and math.isfinite(steps[0]["reward/mean"])
+
+
+def test_tree_rollouts_train_with_a_tree_estimator(tmp_path):
+    """The tree controller's leaves carry `info["tree"]`; the estimator reads their paths in a real step."""
+    rollout = {"controller": "tree", "group_size": 4,
+               "controller_params": {"segment_tokens": 2, "divergence": 2, "depth": 2, "prefix_dedup": True}}
+    steps, _ = train_tiny(toy_run_config(tmp_path, 1, rollout=rollout, algo={"advantage": "treerl"}))
+    assert [r["step"] for r in steps] == [1] and steps[0]["rollout/tree_token_share"] < 1  # shared segments
+    assert steps[0]["advantage/abs_mean"] > 0

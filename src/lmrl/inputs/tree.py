@@ -20,10 +20,11 @@ from lmrl.types import Batch, Sample
 
 
 def tree_segments(sample: Sample) -> list[tuple[str | None, int, int]]:
-    """(node id, start, end) of each segment of the sample's completion; one unnamed node without a tree.
+    """(node id, start, end) of each non-empty segment of the sample's completion; one unnamed node without a tree.
 
-    A ValueError names what breaks the layout: nodes and ends of different lengths, an empty or
-    decreasing segment, or ends that do not finish at the completion's length.
+    An empty segment (a branch that got no token) has no token to carry its node, so its child hangs
+    under the nearest ancestor with tokens. A ValueError names what breaks the layout: nodes and ends
+    of different lengths, decreasing ends, or ends that do not finish at the completion's length.
     """
     n = len(sample.completion_ids)
     tree = sample.info.get("tree")
@@ -33,10 +34,10 @@ def tree_segments(sample: Sample) -> list[tuple[str | None, int, int]]:
     if len(nodes) != len(ends) or not nodes:
         raise ValueError(f"info['tree'] needs one end per node, got nodes {nodes} and ends {ends}")
     starts = [0] + ends[:-1]
-    if any(e <= s for s, e in zip(starts, ends)) or ends[-1] != n:
-        raise ValueError(f"info['tree'] ends {ends} must increase strictly and finish at the completion's "
+    if any(e < s for s, e in zip(starts, ends)) or ends[-1] != n:
+        raise ValueError(f"info['tree'] ends {ends} must not decrease and must finish at the completion's "
                          f"{n} tokens (nodes {nodes})")
-    return list(zip(nodes, starts, ends))
+    return [(node, s, e) for node, s, e in zip(nodes, starts, ends) if e > s]
 
 
 @PROVIDERS.register("tree_nodes", "the tree node of each completion token [B, T-1] (a batch-unique number of the "
