@@ -1,6 +1,8 @@
 """Task files written before training, from a recipe and its overrides or from recorded data:
 
     python -m lmrl.task_files peers RECIPE OUT.jsonl --model PEER [--samples 4] [--rows N] [overrides]
+    python -m lmrl.task_files teacher_samples RECIPE OUT.jsonl --model TEACHER [--samples 1] [--rows N] [--greedy]
+        [--min-reward R] [--drop-truncated] [overrides]
     python -m lmrl.task_files hints RECIPE OUT.jsonl [overrides] [--samples 8] [--delta 0.03] [--rows N]
     python -m lmrl.task_files judge_rows OUT.jsonl --rollouts RUN/rollouts.jsonl [--max-candidates 4]
         [--reward-range 0 1] [--seed 0]
@@ -10,7 +12,9 @@
         [--k 4] [--separator '\\n'] [--max-steps S] [--hard]
 
 `peers`: the recipe's training rows with another model's rollouts, for Mutual RL's PRP
-(`data.demonstrations: peers`, lmrl.data.peers). `hints`: each row's knowledge points chosen by the
+(`data.demonstrations: peers`, lmrl.data.peers). `teacher_samples`: a teacher's completions of the training
+prompts as an SFT dataset, for sequence-level distillation (`batches.source: sft`, lmrl.data.teacher_samples;
+with `--min-reward`, only those the recipe's reward scores at least R). `hints`: each row's knowledge points chosen by the
 recipe's own policy, for KnowRL (`data.demonstrations: hints`, lmrl.data.hints). `steps`: Math-Shepherd
 step labels of the policy's own solutions from Monte-Carlo continuations, a process-reward-model dataset
 (lmrl.data.step_labels). Each of these loads the config, the model and the task as a run would, then writes
@@ -59,6 +63,41 @@ def peers(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     rows = peer_rows(cfg, train, engine, tokenizer, a.samples, generator)
     write_rows(a.out, rows)
     print(f"{len(rows)} prompts × {a.samples} peer rollouts written to {a.out}")
+    return 0
+
+
+def _progress(label: str):
+    """A progress bar on stderr (shown on a terminal only), and the console beside it."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    columns = (TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return Progress(*columns, console=console, disable=not console.is_terminal), console
+
+
+def teacher_samples(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    from lmrl.data.teacher_samples import check_teacher_config, teacher_rows
+    from lmrl.errors import ConfigError
+    from lmrl.loading import load_config
+
+    if a.rows is not None and a.rows < 1:
+        p.error("--rows must be >= 1")
+    try:
+        cfg = load_config(a.recipe, [*a.overrides, f"model.path={a.model}"])
+        check_teacher_config(cfg, a.samples, a.greedy)
+    except ConfigError as err:
+        p.error(str(err))
+    engine, tokenizer, train, generator = policy_and_rows(cfg, a.rows)
+    bar, _ = _progress("teacher samples")
+    with bar:
+        task = bar.add_task("prompts", total=len(train))
+        written = teacher_rows(cfg, train, engine, tokenizer, a.samples, generator, a.greedy, a.min_reward,
+                               a.drop_truncated, advance=lambda n: bar.advance(task, n))
+    if not written.rows:
+        p.error(f"no teacher sample was kept: {written.summary()}")
+    write_rows(a.out, written.rows)
+    print(f"{written.summary()} written to {a.out}")
     return 0
 
 
@@ -133,9 +172,6 @@ def rubric_rows(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
 
 
 def steps(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from lmrl.data.step_labels import label_steps, step_grader
     from lmrl.errors import ConfigError
     from lmrl.loading import load_config
@@ -150,9 +186,8 @@ def steps(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     except ConfigError as err:
         p.error(str(err))
     engine, tokenizer, train, generator = policy_and_rows(cfg, a.prompts)
-    console = Console(stderr=True)
-    columns = (TextColumn("[bold]step labels"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
+    bar, console = _progress("step labels")
+    with bar:
         task = bar.add_task("prompts", total=len(train))
         labelled = label_steps(cfg, train, engine, tokenizer, a.solutions, a.k, a.separator, a.max_steps, a.hard,
                                generator, report=lambda message: console.print(message, markup=False, highlight=False),
@@ -174,6 +209,19 @@ def parser() -> argparse.ArgumentParser:
     pe.add_argument("--samples", type=int, default=4, help="rollouts per prompt")
     pe.add_argument("--rows", type=int, help="only the first ROWS training prompts")
     pe.set_defaults(fn=peers, sub=pe)
+    te = sub.add_parser("teacher_samples", help="a teacher's completions of the training prompts as an SFT dataset "
+                                                "(sequence-level distillation)")
+    te.add_argument("recipe")
+    te.add_argument("out", type=Path)
+    te.add_argument("overrides", nargs="*", help="config overrides of the recipe, e.g. rollout.temperature=0.8")
+    te.add_argument("--model", required=True, help="the teacher: a model directory, .gguf file or 'default'")
+    te.add_argument("--samples", type=int, default=1, help="completions per prompt")
+    te.add_argument("--rows", type=int, help="only the first ROWS training prompts")
+    te.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling at rollout.temperature")
+    te.add_argument("--min-reward", type=float, help="keep only completions the recipe's reward scores at least this "
+                                                     "(rejection sampling)")
+    te.add_argument("--drop-truncated", action="store_true", help="leave out completions cut at rollout.max_new_tokens")
+    te.set_defaults(fn=teacher_samples, sub=te)
     hi = sub.add_parser("hints", help="each training row's knowledge points chosen by the policy (KnowRL)")
     hi.add_argument("recipe")
     hi.add_argument("out", type=Path)

@@ -215,11 +215,22 @@ def preference_pairs(groups: list[Group], min_gap: float = 0.0) -> tuple[list[Gr
     return [Group(g.uid, g.row, p) for g, p in pairs if p is not None], sum(p is None for _, p in pairs)
 
 
+def step_pairs(cfg: Config, kept: list[Group]) -> tuple[list[Group], dict[str, float]]:
+    """A step's kept groups as its source trains them: for a pair source (`online_pairs`) the preference pair of
+    each (`preference_pairs`, `batches.params.min_gap`) with the metrics `data/pairs` and `data/unpaired_groups`;
+    for any other source the groups as they are. Applied where a step's batch is collected
+    (`loops.collect.collect_groups`), so the inline and the background source pair alike."""
+    if not BATCH_SOURCES.spec(cfg.batches.source).pairs:
+        return kept, {}
+    pairs, unpaired = preference_pairs(kept, float(cfg.batches.params.get("min_gap", 0.0)))
+    return pairs, {"data/pairs": float(len(pairs)), "data/unpaired_groups": float(unpaired)}
+
+
 @BATCH_SOURCES.register("online_pairs", "the policy's own rollouts, each prompt's best- and worst-rewarded samples "
                         "as a preference pair (online DPO: pairs from any reward)", online=True, pairs=True)
 def online_pairs(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> None:
-    """Made by the step loop, like `rollouts`; the inline source pairs each step's kept groups
-    (`preference_pairs`, `batches.params.min_gap`)."""
+    """Made by the step loop, like `rollouts`, inline or in the background (`rollout.max_staleness`); each step's
+    kept groups are paired where they are collected (`step_pairs`)."""
     return None
 
 
@@ -299,15 +310,18 @@ def check_batches(cfg: Config) -> None:
                           "[{name: dpo}]), and it lists none")
     unused = [(a.kl_in_reward, "algo.kl_in_reward"), (bool(a.shaping), "algo.shaping"), (a.critic, "algo.critic"),
               *((getattr(a, k) != AlgoConfig.model_fields[k].default, f"algo.{k}") for k in ("advantage", "loss")),
-              (cfg.data.demonstrations != "none", "data.demonstrations"), (a.group_by is not None, "algo.group_by"),
-              (cfg.rollout.max_staleness is not None, "rollout.max_staleness"),
-              (cfg.rollout.stream_chunks > 1, "rollout.stream_chunks")]
+              (cfg.data.demonstrations != "none", "data.demonstrations"), (a.group_by is not None, "algo.group_by")]
     if not spec.online:
-        unused += [(cfg.data.group_filter != "none", "data.group_filter"), (cfg.dist.backend != "none", "dist.backend")]
+        unused += [(cfg.data.group_filter != "none", "data.group_filter"), (cfg.dist.backend != "none", "dist.backend"),
+                   (cfg.rollout.max_staleness is not None, "rollout.max_staleness")]
     for bad, key in unused:
         if bad:
             raise ConfigError(f"{source} is trained by its listed terms, without the policy-gradient loss; {key} "
                               "applies to that loss or its rollouts: leave it unset")
+    if spec.online and cfg.rollout.stream_chunks > 1:
+        raise ConfigError(f"rollout.stream_chunks={cfg.rollout.stream_chunks}: {source} pairs the groups of a whole "
+                          "step and its pairwise terms divide by the step's pairs, so the batch cannot be trained chunk "
+                          "by chunk: use rollout.stream_chunks=1 (rollout.max_staleness runs it asynchronously)")
     if spec.online and cfg.rollout.group_size < 2:
         raise ConfigError(f"{source} pairs the samples of each prompt: rollout.group_size must be >= 2")
     if spec.online:

@@ -1,5 +1,5 @@
 """What every step does whatever its batch source: collect (sample prompts, roll out, score, filter, add
-samples), the rollout metrics, the update on a batch (provide inputs, prepare, update, replay), evaluation.
+samples, pair them for a pair source), the rollout metrics, the update on a batch (provide inputs, prepare, update, replay), evaluation.
 
 Every choice comes from a registry through `Stages`, and every per-sample input from the providers
 (docs/architecture.md); the step loop itself is `loops.loop`.
@@ -11,6 +11,7 @@ from functools import partial
 from statistics import mean
 
 from lmrl.data.samplers import sampler_metrics
+from lmrl.data.sources import step_pairs
 from lmrl.envs import expand_prompts, pooled, prompt_families, rollout
 from lmrl.envs.tree_rollout import tree_metrics
 from lmrl.eval.evaluator import evaluate
@@ -37,9 +38,10 @@ def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float
     """Roll out until enough prompts pass the group filter (or the generation budget runs out), then
     add the samples of the run's sample source to the kept groups.
 
-    Returns every group generated (for metrics), the kept groups (for the update) and metrics. A
-    prompt may bring several groups (`envs.expand_prompts`); the filter judges and keeps or drops a
-    prompt's groups together, on their pooled samples.
+    Returns every group generated (for metrics), the kept groups (for the update; for a pair source
+    each one's preference pair, `data.sources.step_pairs`) and metrics. A prompt may bring several
+    groups (`envs.expand_prompts`); the filter judges and keeps or drops a prompt's groups together,
+    on their pooled samples.
     """
     prompts = s.cfg.rollout.prompts_per_step
     kept: list[list[Group]] = []
@@ -59,6 +61,8 @@ def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float
     metrics.update({"data/gen_batches": float(batches), "data/kept_groups": float(min(len(kept), prompts))})
     chosen, added = s.add_samples([g for f in kept[:prompts] for g in f], partial(source_rollout, s))
     metrics.update(added)
+    chosen, paired = step_pairs(s.cfg, chosen)
+    metrics.update(paired)
     return seen, chosen, metrics
 
 

@@ -1,11 +1,10 @@
 """The inline batch source: each step's batch is collected when the loop asks for it, with the
-weights of the step before (the synchronous loop; `loops.collect.collect_groups`). For a pair source
-(`batches.source=online_pairs`) each kept group becomes the pair of its best- and worst-rewarded samples."""
+weights of the step before (the synchronous loop; `loops.collect.collect_groups`, which also makes a pair
+source's pairs, as it does for the background source)."""
 from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from lmrl.data.sources import BATCH_SOURCES, preference_pairs
 from lmrl.loops.collect import collect_groups
 from lmrl.loops.setup import Stages
 from lmrl.loops.source import FollowingSource, Rollout
@@ -18,15 +17,11 @@ class InlineSource(FollowingSource):
     def __init__(self, s: Stages):
         self.s = s
         self.eval_engine = s.engine
-        self.pairs = BATCH_SOURCES.spec(s.cfg.batches.source).pairs  # the kept groups become preference pairs
 
     def take(self, step: int) -> Rollout:
         t0, scoring = time.perf_counter(), self.s.scorer.seconds
         apply_threads(self.s.cfg.trainer.threads)
         seen, kept, metrics = collect_groups(self.s)
-        if self.pairs:
-            kept, unpaired = preference_pairs(kept, float(self.s.cfg.batches.params.get("min_gap", 0.0)))
-            metrics.update({"data/pairs": float(len(kept)), "data/unpaired_groups": float(unpaired)})
         generated = sum(x.num_generated for g in seen for x in g.samples)
         return Rollout(step, step - 1, seen, kept, metrics, time.perf_counter() - t0, generated,
                        self.s.scorer.seconds - scoring)
