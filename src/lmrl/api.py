@@ -52,11 +52,15 @@ class TrainResult(RunResult):
 
     @property
     def checkpoint(self) -> Path | None:
-        """The model folder of the run's latest complete checkpoint (None when it saved none)."""
+        """The model folder of the run's latest complete checkpoint (None when it saved none): its `model/`
+        (a transformers directory; a LoRA run's peft adapters, sharded or not), or for a sharded learner's
+        whole model its shards gathered into `step-N/gathered/` in this process, the first time it is asked
+        (`models.sharded_checkpoint.loadable_model`)."""
         from lmrl.models.checkpoint_dirs import latest_checkpoint
+        from lmrl.models.sharded_checkpoint import loadable_model
 
         found = latest_checkpoint(self.run_dir / "checkpoints")
-        return found / "model" if found is not None else None
+        return loadable_model(found) if found is not None else None
 
 
 def recipe(name: str | None = "quickstart", overrides: Sequence[str] = (),

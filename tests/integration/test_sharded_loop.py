@@ -109,8 +109,7 @@ def test_export_and_merge_write_the_gathered_weights(runs):
 
 
 def test_sharding_refuses_what_it_does_not_run_with(tmp_path):
-    for sections, named in [({"model": {"lora": {"r": 4}}}, "model.lora"),
-                            ({"data": {"sampler": "hive"}}, "probes prompts"),
+    for sections, named in [({"data": {"sampler": "hive"}}, "probes prompts"),
                             ({"trainer": {"sharding": "none", "cpu_offload": True}}, "needs trainer.sharding=fsdp"),
                             ({"trainer": {"cpu_offload": True, "device": "cpu"}}, "needs an accelerator")]:
         cfg = config(tmp_path, "refused", 1, **sections)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+import torch
 
 import lmrl
 from conftest import make_tokenizer
@@ -173,3 +174,22 @@ def test_a_resumed_run_must_bring_the_same_rows(tiny_dir, tmp_path):
         lmrl.train(longer, dataset=ROWS[:6], rewards=[says_seven], resume=result.run_dir)
     resumed = lmrl.train(longer, dataset=ROWS, rewards=[says_seven], resume=result.run_dir)
     assert resumed.run_dir == result.run_dir and len(resumed.metric("reward/mean")) == 2
+
+
+def test_a_sharded_runs_checkpoint_is_its_gathered_model(tiny_dir, tmp_path):
+    """A sharded learner's checkpoint holds shards and a weightless `model/`: `checkpoint` is its shards gathered
+    once into a transformers directory beside them."""
+    from transformers import AutoModelForCausalLM
+
+    from lmrl.models.sharded_checkpoint import gather_weights
+
+    result = lmrl.train(quick(tiny_dir, tmp_path, trainer__sharding="fsdp"), dataset=ROWS, rewards=[says_seven])
+    step = result.checkpoint.parent
+    assert result.checkpoint == step / "gathered" and not list((step / "model").glob("*.safetensors"))
+    written = (result.checkpoint / "model.safetensors").stat().st_mtime_ns
+    assert result.checkpoint == step / "gathered" and (result.checkpoint / "model.safetensors").stat().st_mtime_ns == written
+    loaded = AutoModelForCausalLM.from_pretrained(result.checkpoint).state_dict()
+    whole = AutoModelForCausalLM.from_pretrained(gather_weights(step, tmp_path / "whole")).state_dict()
+    assert loaded.keys() == whole.keys() and all(torch.equal(loaded[k], v) for k, v in whole.items())
+    initial = AutoModelForCausalLM.from_pretrained(tiny_dir).state_dict()
+    assert max(float((initial[k] - v).abs().max()) for k, v in loaded.items()) > 0  # the trained weights

@@ -185,9 +185,7 @@ def check_sharding(cfg: Config) -> None:
     sampler = SAMPLERS.get(cfg.data.sampler)
     probes = getattr(sampler, "probes", None)
     probing = probes(**cfg.data.sampler_params) if probes is not None else getattr(sampler, "needs_probe", False)
-    refused = {"model.lora (sharded checkpoints hold full models)": cfg.model.lora is not None,
-               f"data.sampler={cfg.data.sampler} (it probes prompts with the whole model)": probing}
-    named = [name for name, on in refused.items() if on]
-    if named:
-        raise ConfigError(f"trainer.sharding=fsdp does not run with {'; '.join(named)}: use trainer.sharding=none "
-                          "for these (docs/scaling.md, 'Sharded learner')")
+    if probing:
+        raise ConfigError(f"trainer.sharding=fsdp does not run with data.sampler={cfg.data.sampler} (it probes "
+                          "prompts with the whole model): use trainer.sharding=none for it (docs/scaling.md, "
+                          "'Sharded learner')")

@@ -77,8 +77,9 @@ def export_merged(checkpoint_model: Path, base_path: str, lora: LoraConfig | Non
     """Write a transformers directory (weights, config, tokenizer) for a checkpoint's `model/` folder.
 
     A full fine-tuning checkpoint already is one and is copied; a sharded learner's has its shards
-    gathered (`sharded_checkpoint.gather_weights`). A LoRA checkpoint's adapters are
-    loaded onto the base model (`base_path`, the run's `model.path`) and folded into its weights.
+    gathered (`sharded_checkpoint.gather_weights`). A LoRA checkpoint's adapters (a sharded learner's
+    too: it writes them whole, as peft's files) are loaded onto the base model (`base_path`, the run's
+    `model.path`) and folded into its weights.
     With `score_weight` (a reward model's score head, [1, H]) the directory is a sequence-classification
     model instead (a process reward model's [2, H]: a token-classification model), its config's `pad_token_id` the token `pad_token_id_of` picks (never the one that ends
     the rows it scores), which the saved tokenizer then also pads with, so any caller's padding pools right.
@@ -87,7 +88,8 @@ def export_merged(checkpoint_model: Path, base_path: str, lora: LoraConfig | Non
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; choose a new directory for the export")
     checkpoint_model = Path(checkpoint_model)
-    if is_sharded(checkpoint_model.parent):  # a sharded learner's: its shards gathered into whole weights first
+    if is_sharded(checkpoint_model.parent) and not (checkpoint_model / ADAPTER_FILE).exists():
+        # a sharded learner's whole model: its shards gathered into whole weights first
         with tempfile.TemporaryDirectory() as scratch:
             whole = gather_weights(checkpoint_model.parent, Path(scratch) / "model")
             return export_merged(whole, base_path, lora, out, score_weight)
