@@ -1,7 +1,7 @@
 """The data-parallel and sharded learners on the CPU: one update on 1 rank vs 2 ranks, replicas vs FSDP2.
 
 Usage: python benchmarks/data_parallel.py [--groups 4] [--group-size 8] [--prompt 24] [--completion 48]
-       [--hidden 256] [--layers 4] [--vocab 2048] [--repeats 3] [--updates 2] [--no-fsdp]
+       [--hidden 256] [--layers 4] [--vocab 2048] [--repeats 3] [--updates 2] [--no-fsdp] [--lora R]
 
 Part 1: `Learner.update` on a synthetic GRPO batch (mixed rewards, so no inert rows) of a random
 Llama: 1 rank (the plain learner), 2 ranks of replicas (`DataParallel`, gloo) and 2 sharded ranks
@@ -9,7 +9,9 @@ Llama: 1 rank (the plain learner), 2 ranks of replicas (`DataParallel`, gloo) an
 thread per rank, after one untimed update. An update's time is the slowest rank's. Prints the
 medians, the ratios, the time spent in the gradient all-reduce, and each rank's training state:
 the bytes of its parameters, gradients and AdamW moments (a sharded rank's local shards), and the
-weights a sharded rank gathers at once (the root unit and one decoder layer).
+weights a sharded rank gathers at once (the root unit and one decoder layer). `--lora R`: the model
+carries LoRA adapters of rank R (alpha 2R, every linear layer), so only they have gradients and AdamW
+state; the frozen base is sharded with them.
 """
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ import torch
 
 from machine import cpu_model, load_average
 from lmrl.algos import Algorithm
-from lmrl.config import AlgoConfig, TrainerConfig
+from lmrl.config import AlgoConfig, LoraConfig, TrainerConfig
 from torch.distributed.tensor import DTensor
 
 from lmrl.dist import Sharded, spawn_local
 from lmrl.learners import Learner
 from lmrl.models import tiny_llama
+from lmrl.models.lora import apply_lora
 from lmrl.types import Sample, collate
 
 
@@ -45,7 +48,11 @@ def synthetic_batch(a):
 
 
 def model_of(a):
-    return tiny_llama(a.vocab, hidden=a.hidden, layers=a.layers, heads=4, seed=0)
+    model = tiny_llama(a.vocab, hidden=a.hidden, layers=a.layers, heads=4, seed=0)
+    if not a.lora:
+        return model
+    torch.manual_seed(0)  # the same adapters on every rank
+    return apply_lora(model, LoraConfig(r=a.lora, alpha=2 * a.lora))
 
 
 def learner_update(parallel, a, strategy: str = "replicas") -> dict:
@@ -117,11 +124,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--updates", type=int, default=2, help="timed updates per repeat, after one warm-up")
     ap.add_argument("--no-fsdp", action="store_true", help="leave out the sharded learner")
+    ap.add_argument("--lora", type=int, default=0, help="LoRA adapters of this rank (0: full fine-tuning)")
     a = ap.parse_args()
     batch = synthetic_batch(a)
     params = sum(p.numel() for p in model_of(a).parameters())
     print(f"CPU: {cpu_model()}; load average before: {load_average()}")
-    print(f"model: random Llama, {params / 1e6:.1f} M parameters; batch: {batch.num_rows} rows in {a.groups} "
+    trained = sum(p.numel() for p in model_of(a).parameters() if p.requires_grad)
+    print(f"model: random Llama, {params / 1e6:.1f} M parameters ({trained / 1e6:.2f} M trained); batch: {batch.num_rows} rows in {a.groups} "
           f"groups, {int(batch.attention_mask.sum())} tokens ({int(batch.completion_mask.sum())} generated)")
     layouts = {"1 rank": (1, "replicas"), "2 replicas": (2, "replicas")}
     if not a.no_fsdp:
