@@ -12,14 +12,16 @@ path) travels in `Completion.info` to `Sample.info`, and tokens it would leave o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from pydantic import ValidationError
 
-from lmrl.engines.base import Completion, SamplingParams
 from lmrl.errors import ConfigError
 from lmrl.registry import Registry
+
+if TYPE_CHECKING:  # the engines package imports transformers; environments are imported without it
+    from lmrl.engines.base import Completion, SamplingParams
 
 
 class RolloutController(Protocol):
@@ -47,6 +49,8 @@ def continue_from(engine, prefixes: list[Prefix], params: SamplingParams,
     """One continuation of each prefix, sampled by the engine given the prompt and the prefix's tokens, up to
     `params.max_new_tokens` new tokens. Each is returned whole, prefix included: the prefix's tokens, log-probs
     and versions as they were sampled, then the new ones as the engine sampled them (nothing re-tokenised)."""
+    from lmrl.engines.base import Completion
+
     if not prefixes:
         return []
     outs = engine.generate([p.prompt + p.ids for p in prefixes], 1, params, generator)

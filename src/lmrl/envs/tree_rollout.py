@@ -21,12 +21,15 @@ Confidence: medium for the sampler (TreePO's divergence heuristics were not trac
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from lmrl.engines.base import Completion, SamplingParams
 from lmrl.envs.controllers import ROLLOUT_CONTROLLERS, Prefix, continue_from
+
+if TYPE_CHECKING:
+    from lmrl.engines.base import Completion, SamplingParams
 
 
 class TreeParams(BaseModel):
@@ -113,6 +116,8 @@ class TreeRollout:
         return [self._completions(sorted(ends, key=path_order)) for ends in leaves]
 
     def _completions(self, leaves: list[Node]) -> list[Completion]:
+        from lmrl.engines.base import Completion
+
         trained: set[str] = set()
         out = []
         for leaf in leaves:
