@@ -66,6 +66,19 @@ def peers(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     return 0
 
 
+def checked_config(p: argparse.ArgumentParser, recipe: str, overrides: list[str], check) -> object:
+    """The recipe's config with `overrides`, passed through `check(cfg)`; a ConfigError is a usage error."""
+    from lmrl.errors import ConfigError
+    from lmrl.loading import load_config
+
+    try:
+        cfg = load_config(recipe, overrides)
+        check(cfg)
+    except ConfigError as err:
+        p.error(str(err))
+    return cfg
+
+
 def _progress(label: str):
     """A progress bar on stderr (shown on a terminal only), and the console beside it."""
     from rich.console import Console
@@ -78,16 +91,11 @@ def _progress(label: str):
 
 def teacher_samples(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     from lmrl.data.teacher_samples import check_teacher_config, teacher_rows
-    from lmrl.errors import ConfigError
-    from lmrl.loading import load_config
 
     if a.rows is not None and a.rows < 1:
         p.error("--rows must be >= 1")
-    try:
-        cfg = load_config(a.recipe, [*a.overrides, f"model.path={a.model}"])
-        check_teacher_config(cfg, a.samples, a.greedy)
-    except ConfigError as err:
-        p.error(str(err))
+    cfg = checked_config(p, a.recipe, [*a.overrides, f"model.path={a.model}"],
+                         lambda cfg: check_teacher_config(cfg, a.samples, a.greedy))
     engine, tokenizer, train, generator = policy_and_rows(cfg, a.rows)
     bar, _ = _progress("teacher samples")
     with bar:
@@ -173,18 +181,12 @@ def rubric_rows(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
 
 def steps(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     from lmrl.data.step_labels import label_steps, step_grader
-    from lmrl.errors import ConfigError
-    from lmrl.loading import load_config
 
     if any(n is not None and n < 1 for n in (a.prompts, a.solutions, a.k, a.max_steps)):
         p.error("--prompts, --solutions, --k and --max-steps must be >= 1")
     if not a.separator:
         p.error("--separator must not be empty")
-    try:
-        cfg = load_config(a.recipe, [*a.overrides, *([f"model.path={a.model}"] if a.model else [])])
-        step_grader(cfg)
-    except ConfigError as err:
-        p.error(str(err))
+    cfg = checked_config(p, a.recipe, [*a.overrides, *([f"model.path={a.model}"] if a.model else [])], step_grader)
     engine, tokenizer, train, generator = policy_and_rows(cfg, a.prompts)
     bar, console = _progress("step labels")
     with bar:
