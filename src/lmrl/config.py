@@ -341,6 +341,36 @@ class EnvConfig(Section):
     concurrency: int = Field(8, ge=1)  # environment steps run at once (threads) within a turn round
 
 
+class MixtureTask(Section):
+    """One task of a mixture (docs/mixtures.md): its own sections, each over the run's own (nested keys merge,
+    lists replace), and its share of each step's prompts."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$")  # its metrics' prefix (`task/<name>/…`, `eval/<name>/…`)
+    weight: float = Field(1.0, ge=0)
+    task: dict[str, Any] = Field(default_factory=dict)  # over the run's `task` section
+    reward: dict[str, Any] = Field(default_factory=dict)  # over `reward`
+    env: dict[str, Any] = Field(default_factory=dict)  # over `env` (`{name: null}`: single-turn in a run with one)
+    data: dict[str, Any] = Field(default_factory=dict)  # over `data`: only `sampler` and `sampler_params`
+
+
+class MixturePoint(Section):
+    """A point of a scheduled mixture: the weights at `step`, linear in between, held after the last point."""
+
+    step: int = Field(ge=0)
+    weights: dict[str, float]
+
+
+class MixtureConfig(Section):
+    """Several tasks in one run: each step's prompts are split among them by weight (docs/mixtures.md)."""
+
+    tasks: list[MixtureTask] = Field(default_factory=list)  # empty: the run's one task
+    # proportional: p ∝ weight; temperature: p ∝ (weight · training rows)^(1/temperature); schedule: p ∝ the
+    # weights `schedule` gives the step
+    sampling: Literal["proportional", "temperature", "schedule"] = "proportional"
+    temperature: float = Field(1.0, gt=0)
+    schedule: list[MixturePoint] = Field(default_factory=list)
+
+
 class Config(Section):
     recipe: str | None = None
     description: str = ""
@@ -356,6 +386,7 @@ class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     dist: DistConfig = Field(default_factory=DistConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    mixture: MixtureConfig = Field(default_factory=MixtureConfig)
 
     # dotted keys the preset filled in (loading.build_config): with the field defaults, what the user did not choose
     _preset_filled: frozenset[str] = PrivateAttr(default=frozenset())

@@ -189,8 +189,11 @@ class VLLMEngine:
         """The engine's keyword settings for a run (also what an engine server hosting it is given)."""
         v, r = cfg.rollout.vllm, cfg.rollout
         longest = max(r.max_new_tokens, cfg.eval.max_new_tokens or 0)
-        episode = cfg.env.max_episode_tokens if cfg.env.name else 0  # earlier turns precede a multi-turn prompt
-        max_len = v.max_model_len or cfg.task.max_prompt_tokens + episode + longest
+        max_len = v.max_model_len or max(
+            t.get("max_prompt_tokens", cfg.task.max_prompt_tokens)
+            + (e.get("max_episode_tokens", cfg.env.max_episode_tokens) if e.get("name", cfg.env.name) else 0)
+            for t, e in [({}, {})] + [(m.task, m.env) for m in cfg.mixture.tasks]  # a mixture's tasks: the longest
+        ) + longest  # a multi-turn prompt: earlier turns precede it
         positions = getattr(model.config, "max_position_embeddings", None)
         if v.max_model_len is None and positions:
             max_len = min(max_len, positions)

@@ -9,13 +9,14 @@ so an evaluation never pays for them. It sits with the run's data (`prepare_data
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from lmrl.config import Config
 from lmrl.engines import build_engine
+from lmrl.envs.mixture import load_mixture
 from lmrl.envs.prepare import prepare_data
 from lmrl.envs.tasks import TaskData, load_task
 from lmrl.models import load_model, load_tokenizer, resolve_model_path
@@ -35,6 +36,7 @@ class Pieces:
     train_rows: list[dict]  # encoded (envs.prepare_data)
     eval_rows: list[dict]
     data_notes: dict[str, float]
+    mixture: list = field(default_factory=list)  # a task mixture's tasks with their rows (`envs.mixture`); [] for one task
     model: Any = None  # None when built without weights
     engine: Any = None  # None when built without weights or without an engine
 
@@ -53,9 +55,14 @@ def build_pieces(cfg: Config, model=None, tokenizer=None, *, weights: bool = Tru
     device = resolve_device(cfg.trainer.device)
     if tokenizer is None:
         tokenizer = load_tokenizer(resolve_model_path(cfg.model.path))
-    task = load_task(cfg.task)
-    train, held, notes = prepare_data(cfg, tokenizer, task)
-    pieces = Pieces(device=device, tokenizer=tokenizer, task=task, train_rows=train, eval_rows=held, data_notes=notes)
+    if cfg.mixture.tasks:
+        mixture, task, notes = load_mixture(cfg, tokenizer)
+        train, held = task.train, task.eval
+    else:
+        mixture, task = [], load_task(cfg.task)
+        train, held, notes = prepare_data(cfg, tokenizer, task)
+    pieces = Pieces(device=device, tokenizer=tokenizer, task=task, train_rows=train, eval_rows=held, data_notes=notes,
+                    mixture=mixture)
     if before_model is not None:
         before_model(pieces)
     if not weights:

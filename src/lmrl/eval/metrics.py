@@ -167,3 +167,20 @@ def risk_coverage(confidence: Sequence[float], correct: Sequence[bool]) -> tuple
         coverages.append(coverage)
         risks.append(risk)
     return coverages, risks, area
+
+
+def across_tasks(per_task: dict[str, dict[str, float]], size_key: str) -> dict[str, float]:
+    """A mixture's metrics over all its tasks: each metric every task reports, as the mean of the tasks' values
+    weighted by their `size_key` (prompts), NaN values left out; `size_key` itself summed."""
+    if not per_task:
+        return {}
+    out = {}
+    for key in sorted(set.intersection(*(set(m) for m in per_task.values()))):
+        if key == size_key:
+            out[key] = float(sum(m[key] for m in per_task.values()))
+            continue
+        told = [(m[key], m.get(size_key, 0.0)) for m in per_task.values()
+                if isinstance(m[key], (int, float)) and not np.isnan(m[key])]
+        summed = sum(w for _, w in told)
+        out[key] = sum(v * w for v, w in told) / summed if summed else float("nan")
+    return out

@@ -128,8 +128,11 @@ def read_series(run_dir: str | Path) -> dict[str, Series]:
 
 
 def family_of(name: str) -> str:
-    """Plot family of a metric name; eval metrics share their train counterpart's family."""
+    """Plot family of a metric name; eval metrics share their train counterpart's family, and a mixture task's
+    (`task/<name>/…`, `eval/task/<name>/…`) that of the metric it is of the task."""
     base = name.removeprefix("eval/")
+    if base.startswith("task/") and base.count("/") >= 2:  # a mixture task's metric joins the family of its kind
+        base = base.split("/", 2)[2]
     for title, prefixes in FAMILIES:
         if base.startswith(prefixes):
             return title

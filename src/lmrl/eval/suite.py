@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from lmrl.config import Config, ConfigError, EnvConfig, EvalConfig
 from lmrl.eval.abstention import DETECTOR_KEYS, abstention_params
 from lmrl.eval.evaluator import correct_flags, episode_metrics, held_out_replies, reward_metrics
-from lmrl.eval.metrics import (abstention_metrics, distinct_n, expected_calibration_error, majority, pass_at_k,
+from lmrl.eval.metrics import (abstention_metrics, across_tasks, distinct_n, expected_calibration_error, majority, pass_at_k,
                                risk_coverage)
 from lmrl.eval.suite_report import json_safe
 from lmrl.loading import load_config
@@ -205,6 +205,23 @@ def eval_target(recipe: str | None, overrides: list[str], model: str | None,
     return cfg, (Path(found.group(1)) / "eval" / f"step-{int(found.group(2)):06d}.json" if found else None)
 
 
+def mixture_suite(results: dict[str, dict]) -> dict:
+    """One suite document of a task mixture's: each task's under `tasks`, its prompts (tagged with the task) and
+    never-solved prompts together, its metrics under `task/<name>/…`, and each metric every task reports over
+    all of them (weighted by each task's prompts)."""
+    per_task = {name: {**r["metrics"], "num_prompts": float(r["settings"]["num_prompts"])} for name, r in results.items()}
+    metrics = across_tasks(per_task, "num_prompts")
+    metrics.pop("num_prompts", None)
+    for name, r in results.items():
+        metrics.update({f"task/{name}/{k}": v for k, v in r["metrics"].items()})
+    first = next(iter(results.values()))
+    settings = {**first["settings"], "num_prompts": sum(r["settings"]["num_prompts"] for r in results.values())}
+    return {"lmrl_eval": FORMAT, "settings": settings, "metrics": metrics,
+            "never_solved": [p for r in results.values() for p in r["never_solved"]],
+            "prompts": [{**p, "task": name} for name, r in results.items() for p in r["prompts"]],
+            "tasks": {name: {"settings": r["settings"], "metrics": r["metrics"]} for name, r in results.items()}}
+
+
 def run_eval(cfg: Config, probe: str | None = None) -> dict:
     """Load `cfg`'s model and held-out prompts and run the suite (and the reward-seeking probe, if given)."""
     from lmrl.envs.pieces import build_pieces
@@ -215,10 +232,14 @@ def run_eval(cfg: Config, probe: str | None = None) -> dict:
     pieces = build_pieces(cfg)
     model, tokenizer = pieces.model, pieces.tokenizer
     params = abstention_params(cfg)
-    result = run_suite(pieces.engine, tokenizer, pieces.eval_rows, RewardScorer(cfg.reward), cfg.eval,
-                       cfg.rollout.max_new_tokens, cfg.reward.accuracy_component, seed=cfg.trainer.seed,
-                       environment=cfg.env, lam=float(params.get("lam", 1.0)),
-                       detector={k: v for k, v in params.items() if k in DETECTOR_KEYS}, progress=cfg.run.progress)
+    tasks = [(e.name, e.cfg, e.eval_rows) for e in pieces.mixture] or [(None, cfg, pieces.eval_rows)]
+    results = {name: run_suite(pieces.engine, tokenizer, rows, RewardScorer(own.reward), cfg.eval,
+                               cfg.rollout.max_new_tokens, own.reward.accuracy_component, seed=cfg.trainer.seed,
+                               environment=own.env, lam=float(params.get("lam", 1.0)),
+                               detector={k: v for k, v in params.items() if k in DETECTOR_KEYS},
+                               progress=cfg.run.progress)
+               for name, own, rows in tasks}
+    result = results[None] if None in results else mixture_suite(results)
     result["model"] = str(cfg.model.path)
     if probe:
         from lmrl.eval.reward_seeking import load_probe, measure

@@ -13,8 +13,10 @@ from statistics import mean
 from lmrl.data.samplers import sampler_metrics
 from lmrl.data.sources import step_pairs
 from lmrl.envs import expand_prompts, pooled, prompt_families, rollout
+from lmrl.envs.mixture import TASK_FIELD
 from lmrl.envs.tree_rollout import tree_metrics
 from lmrl.eval.evaluator import evaluate
+from lmrl.eval.metrics import across_tasks
 from lmrl.inputs import InputContext, provide, requested_inputs
 from lmrl.loops.batching import to_batch
 from lmrl.loops.progress import StepProgress
@@ -28,8 +30,7 @@ def roll_out_and_score(s: Stages, rows: list[dict], generator
                        ) -> tuple[list[Group], list[list[Group]], dict[str, float]]:
     """Roll `rows` out (as `envs.expand_prompts` expands them) and score them: the groups, the prompt families the
     group filter keeps (judged on their pooled samples), and the scorer's metrics."""
-    groups = rollout(s.engine, s.tokenizer, expand_prompts(rows), s.cfg.rollout.group_size, s.params, generator,
-                     s.cfg.env, s.controller)
+    groups = rollout_rows(s, expand_prompts(rows), s.cfg.rollout.group_size, s.params, generator, controlled=True)
     metrics = s.scorer.score(groups)
     return groups, [f for f in prompt_families(rows, groups) if s.keep_group(pooled(f))], metrics
 
@@ -70,7 +71,23 @@ def source_rollout(s: Stages, rows: list[dict], n: int, temperature: float | Non
     """`n` rollouts of each of `rows` with the run's engine: the sample source's own prompts (unscored),
     sampled at the run's temperature unless the source asks for another."""
     params = s.params if temperature is None else replace(s.params, temperature=temperature)
-    return rollout(s.engine, s.tokenizer, rows, n, params, s.generator, s.cfg.env)
+    return rollout_rows(s, rows, n, params, s.generator)
+
+
+def rollout_rows(s: Stages, rows: list[dict], n: int, params, generator, controlled: bool = False) -> list[Group]:
+    """`envs.rollout` of `rows` in order, each row played by its task's environment (a mixture's task, named by the
+    row, or the run's one); `controlled`: its completions written by the task's rollout controller."""
+    if not s.mixture:
+        return rollout(s.engine, s.tokenizer, rows, n, params, generator, s.cfg.env, s.controller if controlled else None)
+    groups: list[Group | None] = [None] * len(rows)
+    for name, entry in s.mixture.items():
+        at = [i for i, row in enumerate(rows) if row[TASK_FIELD] == name]
+        if at:
+            played = rollout(s.engine, s.tokenizer, [rows[i] for i in at], n, params, generator, entry.cfg.env,
+                             entry.controller if controlled else None)
+            for i, group in zip(at, played):
+                groups[i] = group
+    return groups
 
 
 def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, float]:
@@ -93,6 +110,30 @@ def rollout_metrics(groups: list[Group], accuracy_component: str) -> dict[str, f
     names = {k for x in scored for k in x.rewards}
     for name in sorted(names):
         out[f"reward/{name}"] = sum(x.rewards.get(name, 0.0) for x in scored) / len(scored)
+    return out
+
+
+def step_rollout_metrics(s: Stages, groups: list[Group]) -> dict[str, float]:
+    """`rollout_metrics` of a step's groups; for a mixture each task's under `task/<name>/` by its own accuracy
+    component, and the whole batch's accuracy and mean reward those of every task's samples together."""
+    if not s.mixture:
+        return rollout_metrics(groups, s.cfg.reward.accuracy_component)
+    out = {k: v for k, v in rollout_metrics(groups, s.cfg.reward.accuracy_component).items()
+           if not k.startswith(("reward/", "gaming/")) and k != "accuracy"}  # components and graders differ by task
+    totals: dict[str, float] = {}
+    for name, entry in s.mixture.items():
+        own = [g for g in groups if g.row[TASK_FIELD] == name]
+        if not own:
+            continue
+        metrics = rollout_metrics(own, entry.cfg.reward.accuracy_component)
+        out.update({f"task/{name}/{k}": v for k, v in metrics.items()})
+        scored = sum(x.excluded is None for g in own for x in g.samples)
+        for key in ("accuracy", "reward/mean"):
+            if scored:
+                totals[key] = totals.get(key, 0.0) + metrics[key] * scored
+        totals["scored"] = totals.get("scored", 0.0) + scored
+    for key in ("accuracy", "reward/mean"):
+        out[key] = totals[key] / totals["scored"] if totals.get("scored") else float("nan")
     return out
 
 
@@ -122,19 +163,43 @@ def learn(s: Stages, kept: list[Group], step: int) -> dict[str, float] | None:
 def evaluate_now(s: Stages, run: RunDir, step: int, engine=None, progress: StepProgress | None = None
                  ) -> dict[str, float]:
     """Evaluate the held-out rows with `engine` (the run's own by default), show it on `progress`, log the result."""
-    cfg = s.cfg
     metrics, groups = {}, []
     if s.eval_rows:
         with (progress or StepProgress(0, 0, enabled=False)).evaluation(step) as shown:
-            metrics, groups = evaluate(engine or s.engine, s.tokenizer, s.eval_rows, s.scorer, cfg.eval,
-                                       cfg.rollout.max_new_tokens, cfg.reward.accuracy_component,
-                                       seed=cfg.trainer.seed, environment=cfg.env, advance=shown.advance)
+            metrics, groups = held_out(s, engine or s.engine, shown.advance)
             shown.finish(metrics)
     if s.offline is not None and s.offline.eval:
         metrics.update(held_out_loss(s, step))
     run.log(step, metrics)
     run.log_samples(step, [sample_row(g, "eval") for g in groups[:3]])
     return metrics
+
+
+def held_out(s: Stages, engine, advance) -> tuple[dict[str, float], list[Group]]:
+    """`evaluate` on the held-out rows; for a mixture each task's rows by its own reward, accuracy component and
+    environment, its metrics under `eval/task/<name>/…`, and each metric all tasks report also for the whole held-out
+    set (`eval/accuracy`: weighted by each task's prompts)."""
+    cfg, first = s.cfg, slice(0, s.cfg.eval.num_prompts)  # eval.num_prompts: of each task's rows
+    tasks = [(None, s.eval_rows[first], s.scorer, cfg)] if not s.mixture else \
+        [(name, e.eval_rows[first], s.scorer.scorers[name], e.cfg) for name, e in s.mixture.items() if e.eval_rows]
+    total, done = sum(len(rows) for _, rows, _, _ in tasks), 0
+    metrics, groups, per_task = {}, [], {}
+    for name, rows, scorer, own in tasks:
+        def shown(k: int, n: int, start: int = done, size: int = len(rows)) -> None:  # n = phases · size
+            advance(start * n // size + k, total * n // size)
+
+        got, played = evaluate(engine, s.tokenizer, rows, scorer, cfg.eval, cfg.rollout.max_new_tokens,
+                               own.reward.accuracy_component, seed=cfg.trainer.seed, environment=own.env,
+                               advance=shown)
+        done += len(rows)
+        groups += played
+        if name is None:
+            metrics = got
+        else:
+            per_task[name] = got
+            metrics.update({f"eval/task/{name}/{k.removeprefix('eval/')}": v for k, v in got.items()})
+    metrics.update(across_tasks(per_task, "eval/num_prompts"))
+    return metrics, groups
 
 
 def held_out_loss(s: Stages, step: int) -> dict[str, float]:

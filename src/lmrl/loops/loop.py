@@ -16,7 +16,7 @@ from lmrl.dist import Parallel
 from lmrl.learners.checkpoint import clean_partial
 from lmrl.loading import load_run_config
 from lmrl.loops.background import BackgroundSource
-from lmrl.loops.collect import evaluate_now, learn, log_inputs_order, rollout_metrics, sample_row
+from lmrl.loops.collect import evaluate_now, learn, log_inputs_order, sample_row, step_rollout_metrics
 from lmrl.loops.inline import InlineSource
 from lmrl.loops.offline import OfflineSource
 from lmrl.loops.progress import StepProgress
@@ -113,7 +113,7 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                     rollout, learned, stream = learn_streamed(s, source, rollout)
                     s.scorer.check_error_rate(rollout.metrics, step)
                 metrics = {**rollout.metrics,
-                           **(rollout_metrics(rollout.seen, cfg.reward.accuracy_component) if rollout.seen else {})}
+                           **(step_rollout_metrics(s, rollout.seen) if rollout.seen else {})}
                 metrics.update(learned if learned is not None else {"skipped_updates": 1.0})
                 metrics.update(source.after_update(step, s.model, learned is not None))
                 step_s, waited = time.perf_counter() - last_end, t1 - last_end + stream.get("async/stream_wait_s", 0.0)

@@ -30,7 +30,14 @@ def step_line(step: int, total: int, m: dict[str, float]) -> str:
     gaming = m.get("gaming/restated_question", 0.0)
     if gaming > 0:  # rewarded answers that restate the question: the accuracy may be fooled
         line += f"  gaming? {gaming:.0%}"
-    return line
+    return line + task_accuracies(m, "task/", "accuracy")
+
+
+def task_accuracies(m: dict[str, float], prefix: str, key: str) -> str:
+    """A mixture's accuracy per task, e.g. `  [add 0.620 code 0.125]` (metrics `<prefix><name>/<key>`); "" for one task."""
+    found = {k[len(prefix):-len(key) - 1]: v for k, v in m.items()
+             if k.startswith(prefix) and k.endswith("/" + key) and k.count("/", len(prefix)) == key.count("/") + 1}
+    return "  [" + " ".join(f"{name} {v:.3f}" for name, v in sorted(found.items())) + "]" if found else ""
 
 
 def eval_line(step: int, m: dict[str, float], seconds: float) -> str:
@@ -39,7 +46,7 @@ def eval_line(step: int, m: dict[str, float], seconds: float) -> str:
             f"excluded {m.get('eval/excluded', 0.0):.0f}/{m.get('eval/num_prompts', 0.0):.0f}")
     for key in sorted(k for k in m if k.startswith(("eval/pass@", "eval/maj@"))):
         line += f"  {key[5:]} {m[key]:.3f}"
-    return line + f"  {seconds:.1f}s"
+    return line + task_accuracies(m, "eval/task/", "accuracy") + f"  {seconds:.1f}s"
 
 
 class StepProgress:
@@ -92,6 +99,7 @@ class StepProgress:
         gaming = m.get("gaming/restated_question", 0.0)
         if gaming > 0:  # rewarded answers that restate the question: the accuracy may be fooled
             stats += f"  [yellow]gaming? {gaming:.0%}[/yellow]"
+        stats += task_accuracies(m, "task/", "accuracy").replace("[", "(").replace("]", ")")
         self.progress.update(self.task, completed=step, stats=stats)
 
     @contextmanager

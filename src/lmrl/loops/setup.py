@@ -15,9 +15,11 @@ from lmrl.dist import Parallel, init_from_env
 from lmrl.dist.process_group import hooks
 from lmrl.dist.rollouts import ShardedRollouts
 from lmrl.data import BATCH_SOURCES, GROUP_FILTERS, SAMPLERS, OfflineData, build_sampler, sample_source
+from lmrl.data.mixture import MixtureSampler, MixtureScorer
 from lmrl.data.probe import bind_probe
 from lmrl.engines import SamplingParams, sampling_params
 from lmrl.envs.controllers import build_controller
+from lmrl.envs.mixture import MixtureEntry, load_mixture
 from lmrl.envs.pieces import Pieces, build_pieces
 from lmrl.envs.prepare import check_rows_for_a_step, encode_task
 from lmrl.envs.tasks import TaskData, load_task
@@ -50,6 +52,7 @@ class Stages:
     parallel: Parallel = field(default_factory=Parallel)  # this process's rank in a data-parallel run
     offline: OfflineData | None = None  # an offline batch source's encoded rows (`batches.source`); None: rollouts
     controller: Any = None  # what writes the training rollouts' completions (`rollout.controller`); None: the engine
+    mixture: dict[str, MixtureEntry] = field(default_factory=dict)  # a task mixture's tasks by name; {}: one task
 
 
 def preflight(cfg: Config, rows: int = 16, resume: Path | None = None, trains: bool = True) -> str:
@@ -63,13 +66,20 @@ def preflight(cfg: Config, rows: int = 16, resume: Path | None = None, trains: b
     device = resolve_device(cfg.trainer.device)
     path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(path)
-    task = load_task(cfg.task)
-    check_rows_for_a_step(cfg, len(task.train), task)
-    train, held, _ = encode_task(cfg, tokenizer, TaskData(task.train[:rows], task.eval[:1]))
-    check_row_fields(cfg, train)
+    if cfg.mixture.tasks:
+        entries, task, _ = load_mixture(cfg, tokenizer)
+        for entry in entries:
+            check_row_fields(entry.cfg, entry.train_rows[:rows])
+        train, held = task.train[:rows], task.eval[:1]
+    else:
+        task = load_task(cfg.task)
+        check_rows_for_a_step(cfg, len(task.train), task)
+        train, held, _ = encode_task(cfg, tokenizer, TaskData(task.train[:rows], task.eval[:1]))
+        check_row_fields(cfg, train)
     offline = "" if BATCH_SOURCES.spec(cfg.batches.source).online else \
         f"; batches: {read_offline(cfg, tokenizer, train, held).summary()}"
-    return (f"model {path} on {device}; task {cfg.task.name}: {task.summary()}; the first {len(train)} training rows "
+    what = f"task {cfg.task.name}" if not cfg.mixture.tasks else "mixture"
+    return (f"model {path} on {device}; {what}: {task.summary()}; the first {len(train)} training rows "
             f"load with fields {sorted(train[0])}{offline}" + (f"; run directory {where}" if where else "")
             + f"; {memory_line(cfg, path, device)}")
 
@@ -117,8 +127,9 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
         if shown:
             summary = TaskData(pieces.train_rows, pieces.eval_rows, pieces.task.held_out_from).summary()
             print(f"data: {summary}", file=sys.stderr, flush=True)
-        check_row_fields(cfg, pieces.train_rows)
-        sampler = build_sampler(cfg, pieces.train_rows)
+        for own, rows in [(e.cfg, e.train_rows) for e in pieces.mixture] or [(cfg, pieces.train_rows)]:
+            check_row_fields(own, rows)
+        sampler = MixtureSampler(cfg, pieces.mixture) if pieces.mixture else build_sampler(cfg, pieces.train_rows)
         if not source.online:
             offline = read_offline(cfg, pieces.tokenizer, pieces.train_rows, pieces.eval_rows)
             if shown:
@@ -135,14 +146,18 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
                       critic_lr=cfg.algo.critic_lr, critic_shares_trunk=cfg.algo.critic_shares_trunk,
                       score_head=algorithm.score_labels, parallel=parallel)
     generator = torch.Generator().manual_seed(cfg.trainer.seed)
-    bind_probe(sampler, cfg, engine, model, generator)  # a sampler that checks prompts with the policy
-    scorer = RewardScorer(cfg.reward)
+    for own, own_sampler in [(e.cfg, sampler.children[e.name]) for e in pieces.mixture] or [(cfg, sampler)]:
+        bind_probe(own_sampler, own, engine, model, generator)  # a sampler that checks prompts with the policy
+    scorer = MixtureScorer(pieces.mixture) if pieces.mixture else RewardScorer(cfg.reward)
+    for entry in pieces.mixture:
+        entry.controller = build_controller(entry.cfg.rollout.controller, entry.cfg.rollout.controller_params)
     return Stages(
         cfg=cfg, tokenizer=tokenizer, model=model, engine=engine, algorithm=algorithm, learner=learner,
         sampler=sampler, keep_group=GROUP_FILTERS.get(cfg.data.group_filter), scorer=scorer,
         add_samples=sample_source(cfg, tokenizer, scorer), eval_rows=pieces.eval_rows,
         generator=generator, params=sampling_params(cfg), data_notes=pieces.data_notes, parallel=parallel,
         offline=offline, controller=build_controller(cfg.rollout.controller, cfg.rollout.controller_params),
+        mixture={e.name: e for e in pieces.mixture},
     )
 
 

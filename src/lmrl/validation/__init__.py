@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from lmrl.config import Config
+from lmrl.config import Config, ConfigError
+from lmrl.data import BATCH_SOURCES
+from lmrl.envs.mixture import mixture_configs
 from lmrl.data.sources import check_batches
 from lmrl.envs.controllers import check_controller
 from lmrl.validation.demonstrations import _demonstration_rows, _demonstrations, _peers, _sample_source, _source_rows
@@ -21,7 +23,7 @@ from lmrl.validation.names import _params, _registered, _reward_names, _trackers
 from lmrl.validation.runs import (_env_reward, _rollout_workers, _sampler_probe, _stop_rules, _streaming,
                                   check_refresh, streaming_problems)
 
-__all__ = ["CONFIG_STAGES", "PIPELINE", "check_names", "check_refresh", "check_row_fields", "run_stages",
+__all__ = ["CONFIG_STAGES", "PIPELINE", "check_mixture", "check_names", "check_refresh", "check_row_fields", "run_stages",
            "streaming_problems"]
 
 CONFIG_STAGES = ("names", "combinations")  # need no data: build_config runs them
@@ -44,8 +46,24 @@ def run_stages(stages: tuple[str, ...], *args: Any) -> None:
 
 
 def check_names(cfg: Config) -> None:
-    """The stages that need no data: names resolve, then declarations and settings fit together."""
+    """The stages that need no data: names resolve, then declarations and settings fit together; for a task
+    mixture, in each task's own config too."""
     run_stages(CONFIG_STAGES, cfg)
+    check_mixture(cfg)
+
+
+def check_mixture(cfg: Config) -> None:
+    """Each task of a mixture passes every check a run of that task alone would (its error names the task); a
+    mixture is a batch source's prompts, so it needs an online one (rollouts, online_pairs)."""
+    entries = mixture_configs(cfg)
+    if entries and not BATCH_SOURCES.spec(cfg.batches.source).online:
+        raise ConfigError(f"mixture.tasks: batches.source={cfg.batches.source} trains the rows of batches.dataset; "
+                          "a mixture's tasks are sampled prompts (batches.source=rollouts or online_pairs)")
+    for entry in entries:
+        try:
+            run_stages(CONFIG_STAGES, entry.cfg)
+        except ConfigError as err:
+            raise ConfigError(f"mixture task {entry.name}: {err}") from None
 
 
 def check_row_fields(cfg: Config, rows: list[dict]) -> None:
