@@ -12,7 +12,8 @@ from lmrl.data.adaptive import CurriculumSampler, HiveSampler, difficulty_ranks,
 from lmrl.data.heapa import HeapaSampler
 from lmrl.data.probe import EntropyProbe
 from lmrl.data.prompt_stats import PromptStats
-from lmrl.data.rail import ARMS, LinearBandit, RailSampler
+from lmrl.data.rail import ARMS, RailSampler
+from lmrl.envs.rail_rollout import LinearBandit
 from lmrl.engines import HFEngine, SamplingParams
 from lmrl.loading import build_config
 from lmrl.models import tiny_llama

@@ -4,7 +4,7 @@ The spec's RAIL is a rollout controller (arms: none, resample from prefix k, bra
 can carry out the prompt-level arms: `none` (the next row of the shuffled pass), `retry` (roll out
 again a prompt whose last group had no learning signal: a resample from prefix 0) and `revisit`
 (roll out again one whose last group had signal). Arms that act inside a rollout need a rollout
-controller in the loop and are not offered.
+controller in the loop: they are the `rail` controller's (`lmrl.envs.rail_rollout`, which holds the bandit).
 """
 from __future__ import annotations
 
@@ -12,58 +12,12 @@ import copy
 import math
 from typing import Any
 
-import torch
-
 from lmrl.data.prompt_stats import PromptStats, base_uid
 from lmrl.data.samplers import SAMPLERS, UniformSampler
+from lmrl.envs.rail_rollout import LinearBandit
 from lmrl.types import Group
 
 ARMS = ("none", "retry", "revisit")
-POLICIES = ("linucb", "thompson")
-
-
-class LinearBandit:
-    """Disjoint linear contextual bandit: per arm a ridge regression of the bandit reward on the context
-    (A = ridge·I + Σ x xᵀ, b = Σ r x, θ = A⁻¹ b); LinUCB scores θᵀx + alpha·√(xᵀA⁻¹x), Thompson
-    scores θ̃ᵀx with θ̃ ~ N(θ, alpha² A⁻¹)."""
-
-    def __init__(self, arms: int, dim: int, policy: str = "linucb", alpha: float = 0.5, ridge: float = 1.0,
-                 seed: int = 0):
-        if policy not in POLICIES or alpha < 0 or ridge <= 0:
-            raise ValueError(f"need policy in {POLICIES}, alpha ≥ 0, ridge > 0 (got {policy!r}, {alpha}, {ridge})")
-        self.policy, self.alpha = policy, float(alpha)
-        self.A = torch.eye(dim, dtype=torch.float64).repeat(arms, 1, 1) * ridge
-        self.b = torch.zeros(arms, dim, dtype=torch.float64)
-        self.gen = torch.Generator().manual_seed(seed)
-
-    def choose(self, x: list[float], allowed: list[int] | None = None, greedy: bool = False) -> int:
-        """The arm with the best score for context `x` among `allowed` (greedy: the estimate alone)."""
-        v = torch.tensor(x, dtype=torch.float64)
-        scores = []
-        for a in allowed if allowed is not None else range(len(self.b)):
-            inv = torch.linalg.inv(self.A[a])
-            theta = inv @ self.b[a]
-            if greedy or self.alpha == 0:
-                score = float(theta @ v)
-            elif self.policy == "linucb":
-                score = float(theta @ v) + self.alpha * math.sqrt(float(v @ inv @ v))
-            else:
-                noise = torch.randn(len(v), generator=self.gen, dtype=torch.float64)
-                score = float((theta + self.alpha * torch.linalg.cholesky(inv) @ noise) @ v)
-            scores.append((score, a))
-        return max(scores, key=lambda s: (s[0], -s[1]))[1]
-
-    def update(self, arm: int, x: list[float], reward: float) -> None:
-        v = torch.tensor(x, dtype=torch.float64)
-        self.A[arm] += torch.outer(v, v)
-        self.b[arm] += reward * v
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"A": self.A.clone(), "b": self.b.clone(), "gen": self.gen.get_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.A, self.b = state["A"].clone(), state["b"].clone()
-        self.gen.set_state(state["gen"])
 
 
 @SAMPLERS.register("rail", "RAIL: a contextual bandit picks per slot a fresh prompt, a retry or a revisit")

@@ -12,6 +12,7 @@ import lmrl.envs.search, lmrl.envs.negotiation, lmrl.envs.textarena_adapter, lmr
 import lmrl.envs.sales, lmrl.envs.doctor  # noqa: F401,E401,E402
 from lmrl.envs.controllers import ROLLOUT_CONTROLLERS  # noqa: E402
 import lmrl.envs.dual_track  # noqa: F401,E402  (registers the dual-track controller)
+import lmrl.envs.rail_rollout  # noqa: F401,E402  (registers the RAIL controller)
 import lmrl.envs.tree_rollout  # noqa: F401,E402  (registers the tree controller)
 
 __all__ = ["ENVIRONMENTS", "ROLLOUT_CONTROLLERS", "Environment", "Step", "TASKS", "TaskData", "TaskError", "build_env", "delayed_attribution", "encode_prompt",

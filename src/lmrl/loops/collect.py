@@ -53,7 +53,7 @@ def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float
         groups, families, scored = roll_out_and_score(s, s.sampler.next_prompts(prompts), s.generator)
         for k, v in scored.items():
             metrics[k] = metrics.get(k, 0.0) + v
-        s.sampler.observe(groups)
+        observe(s, groups)
         seen += groups
         kept += families
         batches += 1
@@ -65,6 +65,16 @@ def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float
     chosen, paired = step_pairs(s.cfg, chosen)
     metrics.update(paired)
     return seen, chosen, metrics
+
+
+def observe(s: Stages, groups: list[Group]) -> None:
+    """Hand a step's scored groups to the sampler and to each rollout controller that learns from outcomes (has
+    `observe`; a mixture's controller sees its task's groups)."""
+    s.sampler.observe(groups)
+    for task, controller in s.controllers().items():
+        own = [g for g in groups if not task or g.row[TASK_FIELD] == task]
+        if hasattr(controller, "observe") and own:
+            controller.observe(own)
 
 
 def source_rollout(s: Stages, rows: list[dict], n: int, temperature: float | None = None) -> list[Group]:

@@ -54,6 +54,17 @@ class Part:
     missing: Any = _REQUIRED
 
 
+def controller_states(s: Stages) -> dict[str, Any]:
+    """The states of the rollout controllers that keep one between steps (a bandit's estimates), by task."""
+    return {k: c.state_dict() for k, c in s.controllers().items() if hasattr(c, "state_dict")}
+
+
+def load_controller_states(s: Stages, states: dict[str, Any]) -> None:
+    for k, c in s.controllers().items():
+        if k in states:
+            c.load_state_dict(states[k])
+
+
 class RunState:
     """The stateful parts of one run's stages (`s`), its directory and the loop's result record."""
 
@@ -69,6 +80,7 @@ class RunState:
             "rewards": Part(s.scorer.state_dict, s.scorer.load_state_dict, {}),
             "sample_source": Part(lambda: source_state(s.add_samples),
                                   lambda state: load_source_state(s.add_samples, state), {}),
+            "controllers": Part(lambda: controller_states(s), lambda state: load_controller_states(s, state), {}),
         }
 
     def boundary(self, skip: tuple[str, ...] = ()) -> dict[str, Any]:

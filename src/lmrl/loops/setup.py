@@ -54,6 +54,11 @@ class Stages:
     controller: Any = None  # what writes the training rollouts' completions (`rollout.controller`); None: the engine
     mixture: dict[str, MixtureEntry] = field(default_factory=dict)  # a task mixture's tasks by name; {}: one task
 
+    def controllers(self) -> dict[str, Any]:
+        """The rollout controllers in use by task ("" for a run of one task), those set only."""
+        found = {name: e.controller for name, e in self.mixture.items()} if self.mixture else {"": self.controller}
+        return {name: c for name, c in found.items() if c is not None}
+
 
 def preflight(cfg: Config, rows: int = 16, resume: Path | None = None, trains: bool = True) -> str:
     """What a real run would check before training, without loading weights: names, the run directory (a new

@@ -24,7 +24,7 @@ from lmrl.engines.workers import chunk_seeds, split_evenly
 from lmrl.data.samplers import sampler_metrics
 from lmrl.inputs import provide
 from lmrl.loops.batching import to_batch
-from lmrl.loops.collect import batch_inputs, roll_out_and_score
+from lmrl.loops.collect import batch_inputs, observe, roll_out_and_score
 from lmrl.loops.setup import Stages
 from lmrl.loops.source import BatchSource, Rollout
 from lmrl.types import Group
@@ -46,13 +46,13 @@ def plan_step(s: Stages, chunks: int) -> StepPlan:
 
 def collect_chunk(s: Stages, plan: StepPlan, chunk: int) -> tuple[list[Group], list[Group], dict[str, float]]:
     """Roll out and score chunk `chunk` of `plan`: (groups, kept groups, metrics), as `collect.collect_groups`
-    with no group filter or sample source. The sampler observes the step's groups after its last chunk."""
+    with no group filter or sample source. The sampler (and a controller that learns) observes the step's groups after its last chunk."""
     generator = torch.Generator().manual_seed(plan.seeds[chunk])
     groups, families, metrics = roll_out_and_score(s, plan.rows[chunk], generator)
     plan.seen += groups
     kept = [g for f in families for g in f]
     if chunk == len(plan.rows) - 1:
-        s.sampler.observe(plan.seen)
+        observe(s, plan.seen)
         metrics.update(sampler_metrics(s.sampler))
         metrics.update({"data/gen_batches": 1.0, "data/kept_groups": float(sum(map(len, plan.rows)))})
     return groups, kept, metrics
