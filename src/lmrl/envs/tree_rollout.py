@@ -16,7 +16,13 @@ id is its parent's + "." + its index) and where each node's segment ends in the 
 tree advantages read (`algos.tree_credit`). A segment shared by several leaves has the same tokens in each;
 with `prefix_dedup` only the first leaf through a node (in path order) keeps it in the loss, so each
 generated token is trained once (exact for the estimators that give a node one advantage in every leaf).
-Confidence: medium for the sampler (TreePO's divergence heuristics were not traced line by line).
+Where a segment before the last depth ends is `split` (`cut_segment`): after `segment_tokens` tokens
+(`tokens`), at the first step delimiter at or after them (`delimiter`, matched as `step_ends` matches it,
+within `max_segment_tokens`), or just before the segment's most uncertain token (`entropy`); the tokens
+past the cut are dropped and the children resample from there.
+Confidence: medium for the sampler (TreePO's divergence heuristics were not traced line by line). For
+`split: entropy` the sampled token's −log-prob stands in for TreeRL's entropy; confidence: low —
+reconstructed from the abstract.
 """
 from __future__ import annotations
 
