@@ -147,6 +147,10 @@ class Group:
     uid: str
     row: dict[str, Any]
     samples: list[Sample]
+    # value-only rollouts (a rollout controller's `Completion.value_rollouts`): one group per continued prefix,
+    # its samples' info["value_of"] = {"key": the continued sample's info["steps"]["key"], "end": prefix length}.
+    # The loop scores them with the run's reward; they never enter a batch, a filter or the group's metrics.
+    value_groups: list["Group"] = field(default_factory=list)
 
     @property
     def rewards(self) -> list[float | None]:

@@ -5,7 +5,9 @@ import pytest
 
 from conftest import make_tokenizer
 from lmrl.config import RewardConfig, RewardComponent
-from lmrl.data.step_labels import step_advantages, step_ends, step_label
+from lmrl.algos.mc_step import step_advantages
+from lmrl.data.step_labels import step_label
+from lmrl.envs.controllers import step_ends
 from lmrl.errors import ConfigError
 from lmrl.rewards.compute import grader_only
 

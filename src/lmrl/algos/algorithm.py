@@ -260,7 +260,7 @@ class Algorithm:
     def _shaper_inputs(self, batch: Batch) -> dict:
         """What a shaper may read (`algos/shapers.py` SHAPER_INPUTS, and the batch's extras as they are now)."""
         return {**batch.extras, "mask": batch.completion_mask, "behaviour_logp": batch.behaviour_logprobs,
-                "max_new_tokens": self.max_new_tokens}
+                "max_new_tokens": self.max_new_tokens, "group_index": batch.group_index}
 
     def _critic_targets(self, batch: Batch, token_rewards: torch.Tensor) -> dict[str, float]:
         """Value targets of a critic-based estimator; the prepare-time values become `old_values`."""

@@ -28,8 +28,9 @@ from lmrl.stats import overlong_penalty
 SHAPERS: Registry = Registry("shaper", declares=ShaperSpec)
 
 # what a shaper may declare beyond batch `extras` names: mask = the completion mask [B, T],
-# behaviour_logp = the sampling policy's log-probs [B, T], max_new_tokens = the rollout's length limit
-SHAPER_INPUTS = frozenset({"mask", "behaviour_logp", "max_new_tokens"})
+# behaviour_logp = the sampling policy's log-probs [B, T], max_new_tokens = the rollout's length limit,
+# group_index = each row's prompt group [B]
+SHAPER_INPUTS = frozenset({"mask", "behaviour_logp", "max_new_tokens", "group_index"})
 
 
 def _buffer_fits(cfg, buffer: int, factor: float = 1.0) -> str | None:

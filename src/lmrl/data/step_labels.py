@@ -26,6 +26,7 @@ from lmrl.config import RewardConfig
 from lmrl.engines import SamplingParams, sampling_params
 from lmrl.errors import ConfigError
 from lmrl.envs import rollout
+from lmrl.envs.controllers import step_ends
 from lmrl.models.steps import bare_step
 from lmrl.rewards import RewardScorer
 from lmrl.rewards.compute import accuracy_verdict, grader_only
@@ -38,32 +39,6 @@ def step_label(outcomes: Sequence[float], hard: bool = False) -> float:
     if not outcomes:
         raise ValueError("a step label needs at least one outcome")
     return float(any(o >= 1 for o in outcomes)) if hard else sum(outcomes) / len(outcomes)
-
-
-def step_advantages(values: Sequence[float]) -> list[float]:
-    """VinePPO's step advantages from the Monte-Carlo values V̂(s_0), …, V̂(s_m) of a solution's step
-    boundaries (the last: its outcome): A_k = V̂(s_{k+1}) − V̂(s_k), for the tokens of step k."""
-    return [after - before for before, after in zip(values, values[1:])]
-
-
-def step_ends(ids: Sequence[int], tokenizer, separator: str, max_steps: int | None = None) -> list[int]:
-    """Where each step of a completion's token ids ends (exclusive positions; the last is len(ids)): at the token
-    whose decoded text completes a separator after some non-blank text of the step, so leading blank lines stay
-    with the step they precede. A blank tail (the end-of-sequence token, trailing new lines) joins the last step;
-    with `max_steps`, the steps past it join the last one too."""
-    ends, start = [], 0
-    for i in range(len(ids)):
-        if separator in tokenizer.decode(ids[start: i + 1], skip_special_tokens=True).lstrip():
-            ends.append(i + 1)
-            start = i + 1
-    if start < len(ids) or not ends:
-        if ends and not tokenizer.decode(ids[start:], skip_special_tokens=True).strip():
-            ends[-1] = len(ids)
-        else:
-            ends.append(len(ids))
-    if max_steps is not None and len(ends) > max_steps:
-        ends = [*ends[: max_steps - 1], len(ids)]
-    return ends
 
 
 def continue_prefixes(engine, tokenizer, row: dict, solutions: list[Sample], prefixes: list[tuple[int, int]],

@@ -34,6 +34,9 @@ class Completion:
     # records about the completion (a tree rollout's path) goes to `Sample.info`
     loss_mask: list[int] | None = None
     info: dict = field(default_factory=dict)
+    # value-only continuations a controller sampled from a prefix of this completion: prefix length -> the
+    # continuations, each whole (prefix included); scored by the run's reward, never trained (`Group.value_groups`)
+    value_rollouts: dict[int, list["Completion"]] = field(default_factory=dict)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from lmrl.envs.controllers import ROLLOUT_CONTROLLERS  # noqa: E402
 import lmrl.envs.dual_track  # noqa: F401,E402  (registers the dual-track controller)
 import lmrl.envs.rail_rollout  # noqa: F401,E402  (registers the RAIL controller)
 import lmrl.envs.tree_rollout  # noqa: F401,E402  (registers the tree controller)
+import lmrl.envs.mc_steps  # noqa: F401,E402  (registers the mc_steps controller)
 
 __all__ = ["ENVIRONMENTS", "ROLLOUT_CONTROLLERS", "Environment", "Step", "TASKS", "TaskData", "TaskError", "build_env", "delayed_attribution", "encode_prompt",
            "encode_rows", "expand_prompts", "load_task", "pooled", "prepare_data", "prompt_families", "prompt_messages",

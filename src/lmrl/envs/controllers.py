@@ -6,12 +6,16 @@ sees the engine only through `generate` on token-id prompts, so any engine works
 worker pool, engine servers) and a continuation's tokens and behaviour log-probs are exactly what the engine
 sampled given the prefix (`continue_from`). What a controller records about a completion (a tree rollout's
 path) travels in `Completion.info` to `Sample.info`, and tokens it would leave out of the loss in
-`Completion.loss_mask`. Registered controllers: `lmrl list rollout-controllers`; the tree rollout is
-`envs.tree_rollout`. Evaluation and sample sources roll out plainly.
+`Completion.loss_mask`; continuations it samples only to value a prefix (scored, never trained) in
+`Completion.value_rollouts`. A controller that cuts completions into steps reads the run's tokenizer
+(`step_ends`). Registered controllers: `lmrl list rollout-controllers`; the tree rollout is
+`envs.tree_rollout`, the Monte-Carlo step values `envs.mc_steps`. Evaluation and sample sources roll out
+plainly.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -62,9 +66,59 @@ def continue_from(engine, prefixes: list[Prefix], params: SamplingParams,
     return done
 
 
-def build_controller(name: str | None, params: dict[str, Any]) -> RolloutController | None:
-    """The registered controller `name` built from its knobs (None: plain rollouts)."""
-    return None if name is None else ROLLOUT_CONTROLLERS.get(name)(**params)
+def continue_within(engine, prefixes: list[Prefix], params: SamplingParams, budget: int,
+                    generator: torch.Generator | None = None) -> list[Completion]:
+    """`continue_from` with each prefix's room: a completion of at most `budget` tokens, prefix included. One
+    engine call sampling up to the largest room; a continuation past its own room is cut there (finish reason
+    "length"), which keeps every kept token and log-prob exactly as sampled."""
+    from lmrl.engines.base import Completion
+
+    if not prefixes:
+        return []
+    rooms = [budget - len(p.ids) for p in prefixes]
+    if min(rooms) < 1:
+        raise ValueError(f"a prefix of {budget - min(rooms)} tokens leaves no room under the budget of {budget}")
+    done = continue_from(engine, prefixes, replace(params, max_new_tokens=max(rooms)), generator)
+    out = []
+    for c in done:
+        if len(c.token_ids) <= budget:
+            out.append(c)
+        else:
+            out.append(Completion(c.token_ids[:budget], c.logprobs[:budget], "length", c.policy_version[:budget]))
+    return out
+
+
+def step_ends(ids: Sequence[int], tokenizer, separator: str, max_steps: int | None = None) -> list[int]:
+    """Where each step of a completion's token ids ends (exclusive positions; the last is len(ids)): at the token
+    whose decoded text completes a separator after some non-blank text of the step, so leading blank lines stay
+    with the step they precede. A blank tail (the end-of-sequence token, trailing new lines) joins the last step;
+    with `max_steps`, the steps past it join the last one too."""
+    ends, start = [], 0
+    for i in range(len(ids)):
+        if separator in tokenizer.decode(ids[start: i + 1], skip_special_tokens=True).lstrip():
+            ends.append(i + 1)
+            start = i + 1
+    if start < len(ids) or not ends:
+        if ends and not tokenizer.decode(ids[start:], skip_special_tokens=True).strip():
+            ends[-1] = len(ids)
+        else:
+            ends.append(len(ids))
+    if max_steps is not None and len(ends) > max_steps:
+        ends = [*ends[: max_steps - 1], len(ids)]
+    return ends
+
+
+def needs_tokenizer(tokenizer, controller: str, why: str):
+    """The run's tokenizer, or a ValueError saying that this controller cannot work without one."""
+    if tokenizer is None:
+        raise ValueError(f"rollout controller {controller} {why}, so it needs the tokenizer: build it with "
+                         "build_controller(name, params, tokenizer)")
+    return tokenizer
+
+
+def build_controller(name: str | None, params: dict[str, Any], tokenizer=None) -> RolloutController | None:
+    """The registered controller `name` built from its knobs and the run's tokenizer (None: plain rollouts)."""
+    return None if name is None else ROLLOUT_CONTROLLERS.get(name)(tokenizer=tokenizer, **params)
 
 
 def check_controller(cfg) -> None:

@@ -31,7 +31,7 @@ class DualTrackParams(BaseModel):
 @ROLLOUT_CONTROLLERS.register("dual_track", "EqLen: pairs of tracks; the longer's tail past the shorter's end is "
                                             "scored but left out of the loss")
 class DualTrack:
-    def __init__(self, **params):
+    def __init__(self, tokenizer=None, **params):
         DualTrackParams(**params)
 
     def complete(self, engine, prompts: list[list[int]], n: int, params: SamplingParams,

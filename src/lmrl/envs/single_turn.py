@@ -128,5 +128,30 @@ def rollout(engine, tokenizer, rows: list[dict[str, Any]], n: int, params, gener
                                   behaviour_logprobs=c.logprobs, finish_reason=c.finish_reason,
                                   policy_version=c.policy_version, text=text, row=row,
                                   loss_mask=getattr(c, "loss_mask", None), info=dict(getattr(c, "info", {}))))
-        groups.append(Group(uid=row["uid"], row=row, samples=samples))
+        group = Group(uid=row["uid"], row=row, samples=samples)
+        group.value_groups = value_groups(tokenizer, group, outs)
+        groups.append(group)
     return groups
+
+
+def value_groups(tokenizer, group, completions) -> list:
+    """The value-only groups of a group's completions (`Completion.value_rollouts`): one per continued prefix,
+    each continuation a Sample with no loss (loss mask 0) whose info["value_of"] names the prefix."""
+    from lmrl.types import Group, Sample
+
+    out = []
+    for i, (sample, c) in enumerate(zip(group.samples, completions)):
+        rollouts = getattr(c, "value_rollouts", None) or {}
+        if not rollouts:
+            continue
+        key = f"{group.uid}#{i}"
+        sample.info.setdefault("steps", {})["key"] = key
+        for end, continued in sorted(rollouts.items()):
+            samples = [Sample(prompt_ids=list(group.row["prompt_ids"]), completion_ids=v.token_ids,
+                              behaviour_logprobs=v.logprobs, finish_reason=v.finish_reason,
+                              policy_version=v.policy_version, row=group.row,
+                              text=tokenizer.decode(v.token_ids, skip_special_tokens=True),
+                              loss_mask=[0] * len(v.token_ids), info={"value_of": {"key": key, "end": end}})
+                       for v in continued]
+            out.append(Group(uid=f"{key}@{end}", row=group.row, samples=samples))
+    return out

@@ -16,20 +16,29 @@ id is its parent's + "." + its index) and where each node's segment ends in the 
 tree advantages read (`algos.tree_credit`). A segment shared by several leaves has the same tokens in each;
 with `prefix_dedup` only the first leaf through a node (in path order) keeps it in the loss, so each
 generated token is trained once (exact for the estimators that give a node one advantage in every leaf).
-Confidence: medium for the sampler (TreePO's divergence heuristics were not traced line by line).
+Where a segment before the last depth ends is `split` (`cut_segment`): after `segment_tokens` tokens
+(`tokens`), at the first step delimiter at or after them (`delimiter`, matched as `step_ends` matches it,
+within `max_segment_tokens`), or just before the segment's most uncertain token (`entropy`); the tokens
+past the cut are dropped and the children resample from there.
+Confidence: medium for the sampler (TreePO's divergence heuristics were not traced line by line). For
+`split: entropy` the sampled token's −log-prob stands in for TreeRL's entropy; confidence: low —
+reconstructed from the abstract.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from lmrl.envs.controllers import ROLLOUT_CONTROLLERS, Prefix, continue_from
+from lmrl.envs.controllers import ROLLOUT_CONTROLLERS, Prefix, continue_from, continue_within, needs_tokenizer, step_ends
 
 if TYPE_CHECKING:
     from lmrl.engines.base import Completion, SamplingParams
+
+
+SPLITS = ("tokens", "delimiter", "entropy")
 
 
 class TreeParams(BaseModel):
@@ -38,6 +47,37 @@ class TreeParams(BaseModel):
     divergence: int = Field(2, ge=1)  # children of a branch still going
     depth: int = Field(3, ge=1)  # segments on a path; the last one runs to the end
     prefix_dedup: bool = False  # train each shared segment once (in the first leaf through it)
+    split: Literal["tokens", "delimiter", "entropy"] = "tokens"  # where a segment ends (`cut_segment`)
+    delimiter: str = Field("\n", min_length=1)  # split=delimiter: the step delimiter's text
+    max_segment_tokens: int | None = Field(None, ge=1)  # split=delimiter: the longest segment (default 2x)
+
+    @model_validator(mode="after")
+    def _longest(self):
+        if self.max_segment_tokens is not None and self.max_segment_tokens < self.segment_tokens:
+            raise ValueError(f"max_segment_tokens={self.max_segment_tokens} must be at least segment_tokens="
+                             f"{self.segment_tokens}")
+        return self
+
+    @property
+    def window(self) -> int:
+        """The tokens sampled for a segment before it is cut."""
+        if self.split == "delimiter":
+            return self.max_segment_tokens or 2 * self.segment_tokens
+        return self.segment_tokens
+
+
+def cut_segment(t: TreeParams, ids: list[int], logprobs: list[float], tokenizer) -> int:
+    """How many of a segment's sampled tokens the node keeps (the rest are dropped; children resample them).
+
+    `tokens`: all. `delimiter`: up to the end of the first step delimiter (`step_ends`) at or after
+    `segment_tokens` tokens, else all (the window `max_segment_tokens`). `entropy`: up to the most uncertain
+    token, the highest −log-prob of the sampled token after the first, which the children resample (the
+    sampled token's surprisal stands in for TreeRL's entropy)."""
+    if t.split == "delimiter":
+        return next((e for e in step_ends(ids, tokenizer, t.delimiter) if e >= t.segment_tokens), len(ids))
+    if t.split == "entropy" and len(ids) > 1:
+        return 1 + max(range(len(ids) - 1), key=lambda i: -logprobs[i + 1])
+    return len(ids)
 
 
 @dataclass
@@ -81,29 +121,34 @@ def share_out(leaves: int, branches: int, cap: int | None) -> list[int]:
 @ROLLOUT_CONTROLLERS.register("tree", "segment-level tree rollouts: branch every live path `divergence` ways "
                                       "after each segment, n leaves per prompt (TreePO / TreeRL)")
 class TreeRollout:
-    def __init__(self, **params):
+    def __init__(self, tokenizer=None, **params):
         self.params = TreeParams(**params)
+        self.tokenizer = tokenizer
 
     def complete(self, engine, prompts: list[list[int]], n: int, params: SamplingParams,
                  generator: torch.Generator | None = None) -> list[list[Completion]]:
         t = self.params
+        if t.split == "delimiter":
+            needs_tokenizer(self.tokenizer, "tree", "with split=delimiter decodes segments to find the delimiter")
         width = max(1, min(n, n // t.divergence ** (t.depth - 1)))
         todo = [(p, str(i), None) for p in range(len(prompts)) for i in range(width)]
         leaves: list[list[Node]] = [[] for _ in prompts]
         left = [n] * len(prompts)
+        budget = params.max_new_tokens
         for depth in range(1, t.depth + 1):
-            used = depth_tokens = (depth - 1) * t.segment_tokens
-            room = params.max_new_tokens - used
-            step = room if depth == t.depth else min(t.segment_tokens, room)
-            sampled = continue_from(engine, [parent.prefix(prompts[p]) if parent else Prefix(prompts[p])
-                                             for p, _, parent in todo], replace(params, max_new_tokens=step,
-                                                                                keep_prefix=True), generator)
+            last = depth == t.depth
+            prefixes = [parent.prefix(prompts[p]) if parent else Prefix(prompts[p]) for p, _, parent in todo]
+            keep = replace(params, keep_prefix=True)
+            sampled = (continue_within(engine, prefixes, keep, budget, generator) if last else continue_from(
+                engine, prefixes, replace(keep, max_new_tokens=t.window), generator))
             live: list[list[Node]] = [[] for _ in prompts]
-            for (p, node_id, parent), c in zip(todo, sampled):
-                start = depth_tokens if parent else 0
-                ended = depth == t.depth or c.finish_reason == "stop" or step == room
-                node = Node(node_id, p, parent, c.token_ids[start:], c.logprobs[start:], c.policy_version[start:],
-                            c.finish_reason, ended)
+            for (p, node_id, parent), prefix, c in zip(todo, prefixes, sampled):
+                start = len(prefix.ids)
+                ids, logprobs, versions = c.token_ids[start:budget], c.logprobs[start:budget], c.policy_version[start:budget]
+                finish = "length" if len(c.token_ids) > budget else c.finish_reason
+                kept = len(ids) if last else cut_segment(t, ids, logprobs, self.tokenizer)
+                ended = last or start + kept >= budget or (kept == len(ids) and finish == "stop")
+                node = Node(node_id, p, parent, ids[:kept], logprobs[:kept], versions[:kept], finish, ended)
                 (leaves[p] if ended else live[p]).append(node)
                 left[p] -= ended
             todo = []

@@ -19,9 +19,9 @@ INPUT_KNOBS = frozenset({"acoustic_component", "speech_id_range", "pmi_field"})
 ROW_FIELD_INPUTS = frozenset({"peer_rewards", "perm_index", "prompt_variant"})
 # Filled by the training step itself, not by a provider: the learner's forward (`logp`, per-token
 # `entropy`, `values`), the algorithm (`advantages`, the critic's `old_values` and `returns`, the
-# loss `mask`), and what shapers read beside the batch's extras (`behaviour_logp`, `max_new_tokens`).
+# loss `mask`), and what shapers read beside the batch's extras (`behaviour_logp`, `max_new_tokens`, `group_index`).
 STEP_FIELDS = frozenset({"logp", "old_logp", "advantages", "mask", "entropy", "values", "old_values", "returns",
-                         "behaviour_logp", "max_new_tokens"})
+                         "behaviour_logp", "max_new_tokens", "group_index"})
 
 DEFAULT_PMI_FIELD = "question_without_evidence"
 

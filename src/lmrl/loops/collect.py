@@ -32,7 +32,21 @@ def roll_out_and_score(s: Stages, rows: list[dict], generator
     group filter keeps (judged on their pooled samples), and the scorer's metrics."""
     groups = rollout_rows(s, expand_prompts(rows), s.cfg.rollout.group_size, s.params, generator, controlled=True)
     metrics = s.scorer.score(groups)
+    metrics.update(score_value_rollouts(s, groups))
     return groups, [f for f in prompt_families(rows, groups) if s.keep_group(pooled(f))], metrics
+
+
+def score_value_rollouts(s: Stages, groups: list[Group]) -> dict[str, float]:
+    """Score the groups' value-only rollouts (`Group.value_groups`) with the run's reward, apart from the
+    groups' own samples: their scoring metrics as `value_rollouts/...`, with their count and generated tokens."""
+    value = [v for g in groups for v in g.value_groups]
+    if not value:
+        return {}
+    metrics = {f"value_rollouts/{k}": v for k, v in s.scorer.score(value).items()}
+    samples = [x for v in value for x in v.samples]
+    new_tokens = sum(len(x.completion_ids) - x.info["value_of"]["end"] for x in samples)
+    metrics.update({"value_rollouts/samples": float(len(samples)), "value_rollouts/tokens": float(new_tokens)})
+    return metrics
 
 
 def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float]]:

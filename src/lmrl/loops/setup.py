@@ -155,13 +155,15 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
         bind_probe(own_sampler, own, engine, model, generator)  # a sampler that checks prompts with the policy
     scorer = MixtureScorer(pieces.mixture) if pieces.mixture else RewardScorer(cfg.reward)
     for entry in pieces.mixture:
-        entry.controller = build_controller(entry.cfg.rollout.controller, entry.cfg.rollout.controller_params)
+        entry.controller = build_controller(entry.cfg.rollout.controller, entry.cfg.rollout.controller_params,
+                                            tokenizer)
     return Stages(
         cfg=cfg, tokenizer=tokenizer, model=model, engine=engine, algorithm=algorithm, learner=learner,
         sampler=sampler, keep_group=GROUP_FILTERS.get(cfg.data.group_filter), scorer=scorer,
         add_samples=sample_source(cfg, tokenizer, scorer), eval_rows=pieces.eval_rows,
         generator=generator, params=sampling_params(cfg), data_notes=pieces.data_notes, parallel=parallel,
-        offline=offline, controller=build_controller(cfg.rollout.controller, cfg.rollout.controller_params),
+        offline=offline,
+        controller=build_controller(cfg.rollout.controller, cfg.rollout.controller_params, tokenizer),
         mixture={e.name: e for e in pieces.mixture},
     )
 
