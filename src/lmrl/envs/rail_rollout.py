@@ -102,7 +102,7 @@ class Seen:
 @ROLLOUT_CONTROLLERS.register("rail", "RAIL: a contextual bandit picks per prompt a plain rollout, a resample from "
                                       "a prefix of its worst completion, or a branching tree (confidence low)")
 class RailInterventions:
-    def __init__(self, **params):
+    def __init__(self, tokenizer=None, **params):
         self.params = p = RailParams(**params)
         self.bandit = LinearBandit(len(ARM_NAMES), 4, p.policy, p.alpha, p.ridge, p.seed)
         self.tree = TreeRollout(segment_tokens=p.branch_tokens, divergence=2, depth=2)
