@@ -122,10 +122,16 @@ def toy_run_config(tmp_path, steps, dataset=None, num_eval=8, num_train=56, **se
 
 def train_tiny(cfg) -> tuple[list[dict], object]:
     """Train `cfg` (a `toy_run_config`) on a fresh tiny Llama: the logged rows of its steps, and its stages."""
+    rows, stages = run_tiny(cfg)
+    return [r for r in rows if "reward/mean" in r], stages
+
+
+def run_tiny(cfg, resume=None) -> tuple[list[dict], object]:
+    """Train `cfg` on a fresh tiny Llama (continuing the run directory `resume`): every row it logged (steps and
+    evaluations), and its stages."""
     from lmrl.loops import build_stages, train
 
     tok = make_tokenizer()
     stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
-    result = train(cfg, stages=stages)
-    rows = [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if "reward/mean" in r], stages
+    result = train(cfg, resume=resume, stages=stages)
+    return [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()], stages

@@ -7,12 +7,10 @@ import json
 
 import pytest
 
-from conftest import make_tokenizer, toy_run_config, write_toy_task
+from conftest import run_tiny, toy_run_config, write_toy_task
 from lmrl.config import ConfigError, MixtureConfig
 from lmrl.data.mixture import allocate
 from lmrl.envs.mixture import MixtureEntry, task_shares
-from lmrl.loops import build_stages, train
-from lmrl.models import tiny_llama
 from lmrl.rewards import REWARD_FNS
 
 if "contains_3" not in REWARD_FNS:
@@ -63,15 +61,8 @@ def mixture_config(tmp_path, steps, **mixture):
                                "checkpoint_every": 2})
 
 
-def run(cfg, resume=None):
-    tok = make_tokenizer()
-    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
-    result = train(cfg, resume=resume, stages=stages)
-    return [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()], stages
-
-
 def test_each_task_is_sampled_by_its_share_scored_by_its_reward_and_evaluated_apart(tmp_path):
-    logged, stages = run(mixture_config(tmp_path, 2))
+    logged, stages = run_tiny(mixture_config(tmp_path, 2))
     steps = [r for r in logged if "reward/mean" in r]
     # shares 3/4, 1/4 of 4 prompts: exactly 3 and 1 each step
     assert [(r["mixture/sevens/prompts"], r["mixture/threes/prompts"]) for r in steps] == [(0.75, 0.25)] * 2
@@ -89,13 +80,13 @@ def test_each_task_is_sampled_by_its_share_scored_by_its_reward_and_evaluated_ap
                                                     + 2 * final["eval/task/threes/accuracy"]) / 6)
 
 
-def test_a_resumed_mixture_is_the_straight_run(tmp_path):
+def test_a_resumed_mixture_is_the_straight_run_tiny(tmp_path):
     from lmrl.loading import load_run_config
 
-    straight, _ = run(mixture_config(tmp_path / "a", 4))
-    run(mixture_config(tmp_path / "b", 2))
+    straight, _ = run_tiny(mixture_config(tmp_path / "a", 4))
+    run_tiny(mixture_config(tmp_path / "b", 2))
     run_dir = tmp_path / "b" / "runs" / "toy"
-    resumed, _ = run(load_run_config(run_dir, ["trainer.steps=4"]), resume=run_dir)
+    resumed, _ = run_tiny(load_run_config(run_dir, ["trainer.steps=4"]), resume=run_dir)
     keys = ("reward/mean", "task/sevens/accuracy", "task/threes/reward/mean", "mixture/threes/prompts", "loss")
     pick = lambda rows: [r[k] for r in rows if "reward/mean" in r and r["step"] > 2 for k in keys]  # noqa: E731
     assert pick(resumed) == pytest.approx(pick(straight), rel=1e-5)
@@ -135,4 +126,4 @@ def test_a_task_with_too_few_rows_for_its_share_is_refused(tmp_path):
     tasks[1]["weight"] = 30.0  # threes would take all 4 prompts of a step but keeps 2 training rows
     tasks[1]["task"].update(num_train=2)
     with pytest.raises(ConfigError, match="mixture task threes: 2 training rows, fewer than the 4 prompts"):
-        run(toy_run_config(tmp_path, 1, mixture={"tasks": tasks}))
+        run_tiny(toy_run_config(tmp_path, 1, mixture={"tasks": tasks}))

@@ -3,16 +3,13 @@ keeps the worst completion's prefix exactly (out of the loss) and samples exact 
 credited with its signal minus the plain groups' mean (hand-computed); the bandit's state survives a resume."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
-from conftest import make_tokenizer, toy_run_config
+from conftest import make_tokenizer, run_tiny, toy_run_config
 from lmrl.engines.base import SamplingParams
 from lmrl.engines.hf import HFEngine
 from lmrl.envs.rail_rollout import ARM_NAMES, RailInterventions
-from lmrl.loops import build_stages, train
 from lmrl.models import tiny_llama
 from lmrl.types import Group, Sample
 
@@ -76,10 +73,7 @@ def rail_config(tmp_path, steps):
 
 
 def run(cfg, resume=None):
-    tok = make_tokenizer()
-    stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
-    result = train(cfg, resume=resume, stages=stages)
-    return [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines() if "reward/mean" in x]
+    return [r for r in run_tiny(cfg, resume)[0] if "reward/mean" in r]
 
 
 def test_rail_trains_and_a_resumed_run_chooses_as_the_straight_one(tmp_path):
