@@ -209,12 +209,15 @@ def run_tests(program: str, language_name: str, tests: list[tuple[str, str]], fl
                                       "(compiled and run in the sandbox)")
 def program_tests_reward(sample: Sample, partial_credit: bool = True, float_tolerance: float | None = None,
                          test_timeout_s: float = 2.0, compile_timeout_s: float = 20.0, memory_mb: int = 256,
-                         max_output_bytes: int = 256_000, **_) -> float:
-    """Passed / total tests (all-or-nothing with `partial_credit=False`); details in info["program_tests"]."""
+                         max_output_bytes: int = 256_000, language: str | None = None, **_) -> float:
+    """Passed / total tests (all-or-nothing with `partial_credit=False`); details in info["program_tests"].
+    `language`: the language for every row (else the row's `language`)."""
     row = sample.row
-    if not row.get("language") or row.get("tests") is None:
-        raise ValueError("program_tests needs rows with `language` and `tests` (e.g. recipe code_c)")
-    report = run_tests(extract_program(sample.text), row["language"], read_tests(row["tests"]), float_tolerance,
+    language = language or row.get("language")
+    if not language or row.get("tests") is None:
+        raise ValueError("program_tests needs rows with `tests` and a `language` (in the row or the reward's "
+                         "params), e.g. recipe code_c")
+    report = run_tests(extract_program(sample.text), language, read_tests(row["tests"]), float_tolerance,
                        test_timeout_s, compile_timeout_s, memory_mb, max_output_bytes)
     sample.info["program_tests"] = report
     if partial_credit:

@@ -1,14 +1,14 @@
 """`sql_result`: 1 when the model's SQL query returns the gold query's result set, over a SQLite database.
 
 A row carries `gold_query` and the database: `schema` (a SQL script that creates and fills it) or
-`database` (a .sqlite file, a path; relative paths are looked up beside the shipped recipe data). The
+`database`, the path of such a script (`.sql`) or of a SQLite file (read-only, dumped to a script);
+a relative path that is not here is looked up among the shipped recipe data. The
 model's query is the reply's last fenced code block (else the whole reply), one statement.
 
 Where the verdict is formed. The model's SQL is hostile (ATTACH, load_extension, PRAGMA, writes,
 endless recursive CTEs):
 - it runs in the sandbox (`run_python`: a private root without the host's files, no network, rlimits,
-  the audit hook), against a fresh in-memory database built there from the row's script (a .sqlite
-  file is dumped to a script first, in the parent, read-only). There an authorizer allows reading
+  the audit hook), against a fresh in-memory database built there from the row's script. There an authorizer allows reading
   only: SELECT, reads of columns, functions and recursive CTEs; anything else (ATTACH, PRAGMA, any
   write, DDL, transactions) stops the query. Extensions are never enabled. The sandbox prints the
   result set as JSON (at most `max_rows` rows) and nothing else the query can reach prints there.
@@ -84,6 +84,8 @@ def _script(row: dict) -> str:
         path = SHIPPED_DATA / path
     if not path.is_file():
         raise ValueError(f"sql_result: the row's database {row['database']!r} is not a file")
+    if path.suffix == ".sql":
+        return path.read_text(encoding="utf-8")
     source = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         return "\n".join(source.iterdump())
