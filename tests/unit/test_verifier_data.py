@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from lmrl.data.sft import SHIPPED_DATA
+from lmrl.envs.tasks import SHIPPED_DATA
 from lmrl.rewards import REWARD_FNS
 from lmrl.types import Sample
 

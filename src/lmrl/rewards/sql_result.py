@@ -79,7 +79,7 @@ def _script(row: dict) -> str:
         return str(row["schema"])
     path = Path(str(row["database"])).expanduser()
     if not path.is_absolute() and not path.exists():
-        from lmrl.data.sft import SHIPPED_DATA
+        from lmrl.envs.tasks import SHIPPED_DATA
 
         path = SHIPPED_DATA / path
     if not path.is_file():
