@@ -5,7 +5,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from lmrl.envs.tasks import SHIPPED_DATA
+from lmrl.envs.tasks import SHIPPED_DATA, load_task
+from lmrl.loading import load_recipe
 from lmrl.rewards import REWARD_FNS
 from lmrl.types import Sample
 
@@ -38,3 +39,13 @@ def test_every_reference_solution_passes_its_tests(language):
 def test_every_gold_query_scores_one_and_a_select_of_everything_zero():
     assert scores("sql_result", [(f"```sql\n{row['gold_query']};\n```", row) for row in SQL_ROWS]) == [1.0] * 20
     assert scores("sql_result", [("```sql\nSELECT * FROM orders\n```", row) for row in SQL_ROWS]) == [0.0] * 20
+
+
+@pytest.mark.parametrize("recipe,reward,fields", [("code_c", "program_tests", ("language", "tests")),
+                                                  ("sql", "sql_result", ("gold_query", "database"))])
+def test_each_recipe_loads_its_shipped_task_by_name(recipe, reward, fields):
+    cfg = load_recipe(recipe)
+    data = load_task(cfg.task)
+    assert (len(data.train), len(data.eval)) == (16, 4)
+    assert all(all(row.get(f) for f in fields) for row in data.train + data.eval)
+    assert [c.name for c in cfg.reward.components] == [reward] and cfg.reward.accuracy_component == reward
