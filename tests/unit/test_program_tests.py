@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from lmrl.rewards import REWARD_FNS, program_tests
+from lmrl.rewards import REWARD_FNS, program_tests, sandbox_root
 from lmrl.rewards.program_tests import extract_program, outputs_match, read_tests, run_tests
 from lmrl.rewards.sandbox import _count_tasks
 from lmrl.types import Sample
@@ -233,3 +233,20 @@ console.log(out.join('\\n'));
     assert report["verdicts"] == ["wrong_answer"]
     expected = "ERR_ACCESS_DENIED\n" * 4 + "HOME,LANG,PATH,PWD,TMPDIR"
     assert run_tests(js, "javascript", [("", expected)])["verdicts"] == ["passed"]
+
+
+def test_a_tool_layout_binds_the_declared_paths_with_their_links_and_hides_site_packages():
+    view = sandbox_root.tool_layout(("/usr/bin/gcc", "/usr/include"))
+    target = os.path.realpath("/usr/bin/gcc")
+    assert target in view.binds and "/usr/include" in view.binds
+    assert (os.readlink("/usr/bin/gcc"), "/usr/bin/gcc") in view.links
+    assert not any(b.startswith(("/work", "/root", "/tmp")) for b in view.binds)
+    assert "/usr/lib/python3/dist-packages" in view.masks
+    with pytest.raises(RuntimeError, match="does not exist"):
+        sandbox_root.tool_layout(("/usr/bin/no-such-compiler",))
+
+
+def test_a_run_sees_site_packages_empty():
+    lister = ('#include <dirent.h>\n#include <stdio.h>\nint main(void){DIR*d=opendir("/usr/lib/python3/dist-packages");'
+              'int n=0;struct dirent*e;while(d&&(e=readdir(d)))n++;printf("%s %d\\n",d?"open":"absent",n);}\n')
+    assert run_tests(lister, "c", [("", "open 2")])["verdicts"] == ["passed"]  # only . and ..

@@ -184,7 +184,6 @@ def run_tests(program: str, language_name: str, tests: list[tuple[str, str]], fl
             f.write(program)
         os.chmod(source_path, 0o644)
         files = {source_path: lang.source}
-        status = "ran"
         if lang.compile_argv:
             out_dir = os.path.join(work, os.path.basename(OUTPUT_DIR))
             os.mkdir(out_dir)
@@ -200,7 +199,8 @@ def run_tests(program: str, language_name: str, tests: list[tuple[str, str]], fl
                                  memory_mb=memory_mb + lang.reserve_mb, max_processes=lang.max_processes,
                                  max_output_bytes=max_output_bytes)
             verdicts.append(_verdict(result, expected, float_tolerance))
-        return {"passed": verdicts.count("passed"), "total": len(tests), "verdicts": verdicts, "status": status}
+        return {"passed": verdicts.count("passed"), "total": len(tests), "verdicts": verdicts,
+                "status": "compiled" if lang.compile_argv else "interpreted"}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -61,11 +61,11 @@ def _rlimits(box: sandbox.Containment, timeout_s: float, memory_mb: int, file_si
 def run_program(argv: list[str], tools: tuple[str, ...], stdin: str = "", files: dict[str, str] | None = None,
                 output_dir: str | None = None, timeout_s: float = 5.0, memory_mb: int = 512, file_size_mb: int = 16,
                 max_processes: int = 4, max_open_files: int = 64, max_output_bytes: int = 1_000_000,
-                user: str | None = "nobody", env: dict[str, str] | None = None) -> sandbox.SandboxResult:
+                user: str | None = "nobody") -> sandbox.SandboxResult:
     """Run `argv` (its program among `tools`, or a file of `files`) in a fresh sandbox: `tools` are the host
     paths the root holds besides the shared libraries; `files` {host path: name in the working directory},
     read-only; `output_dir` a host directory bound read-write at `OUTPUT_DIR`; `max_processes` counts
-    processes and threads; `env` added to the minimal environment."""
+    processes and threads."""
     if timeout_s <= 0 or memory_mb <= 0 or file_size_mb < 0 or max_processes < 1 or max_output_bytes < 1:
         raise ValueError("sandbox limits must be positive (timeout_s, memory_mb, max_processes, max_output_bytes)")
     box = _containment(user)
@@ -80,8 +80,7 @@ def run_program(argv: list[str], tools: tuple[str, ...], stdin: str = "", files:
     prefix = sandbox_root.root_command(view, box.identity, file_size_mb, extra, box.user_namespace_inside,
                                        tools=(os.path.realpath(prlimit),), writable=writable)
     limits = _rlimits(box, timeout_s, memory_mb, file_size_mb, max_processes, max_open_files)
-    environment = {"PATH": "/usr/bin:/bin", "HOME": sandbox_root.WORKDIR, "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-                   **(env or {})}
+    environment = {"PATH": "/usr/bin:/bin", "HOME": sandbox_root.WORKDIR, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
     start = time.monotonic()
     read_fd, write_fd = os.pipe()
     try:

@@ -9,6 +9,11 @@ urandom and tty. The host's home, project, virtualenvs, datasets and caches do n
 no path, symlink, `..`, directory descriptor or `/proc` link can name them; and the namespace,
 tmpfs included, ends with the sample, so nothing it writes reaches a later one.
 
+A program other than Python (a compiler, a compiled binary, node: `lmrl.rewards.sandbox_program`) gets
+`tool_layout`: the same shared libraries and masks, plus the host paths it declares (executables,
+header directories), each read-only at its own path with the symlinks leading to it recreated; and
+`root_command` binds the caller's files (a source, a binary) read-only into the working directory.
+
 When the parent is root, bwrap builds the namespaces with root's rights (it can bind an interpreter
 installed under `/root`), keeps only CAP_SETUID/CAP_SETGID for the command, which starts with
 `setpriv` (drop to the sandbox user, no capabilities left) and `unshare --user` (a user namespace of
