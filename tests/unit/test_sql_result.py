@@ -114,3 +114,12 @@ def test_a_database_file_is_read_and_a_bad_gold_or_row_raises(tmp_path):
     s.row = {"gold_query": GOLD}
     with pytest.raises(ValueError, match="needs rows with `gold_query`"):
         REWARD_FNS.get("sql_result")(s)
+
+
+def test_more_rows_than_fetched_or_more_output_than_allowed_scores_zero():
+    everyone = "SELECT name FROM people"
+    assert grade(everyone, SCHEMA, everyone, max_rows=3)["correct"] is True
+    assert grade(everyone, SCHEMA, everyone, max_rows=2)["status"] == "too_many_rows"
+    big = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 5000) SELECT i FROM n"
+    report = grade(big, SCHEMA, big, max_output_bytes=10_000)
+    assert report["status"] == "killed" and report["correct"] is False

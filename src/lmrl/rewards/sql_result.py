@@ -138,7 +138,7 @@ def results_match(width: int, rows: list[tuple], gold_width: int, gold_rows: lis
 
 
 def grade(query: str, script: str, gold_query: str, timeout_s: float = 5.0, memory_mb: int = 256,
-          max_rows: int = 10_000) -> dict:
+          max_rows: int = 10_000, max_output_bytes: int = 8_000_000) -> dict:
     """{"status", "correct", ...}: run `query` in the sandbox and compare with the gold query run here."""
     gold_width, gold_rows = gold_result(script, gold_query)
     statement = single_statement(query)
@@ -146,7 +146,7 @@ def grade(query: str, script: str, gold_query: str, timeout_s: float = 5.0, memo
         return {"status": "multiple_statements" if statement is None else "empty", "correct": False}
     payload = json.dumps([script, statement, max_rows])
     result = run_python(RUNNER.replace("__PAYLOAD__", repr(payload)), timeout_s=timeout_s, memory_mb=memory_mb,
-                        max_output_bytes=max(1_000_000, 64 * len(payload)))
+                        max_output_bytes=max_output_bytes)
     if result.status != "ok":
         return {"status": result.status, "reason": result.reason, "correct": False}
     try:
@@ -165,11 +165,13 @@ def grade(query: str, script: str, gold_query: str, timeout_s: float = 5.0, memo
 
 
 @REWARD_FNS.register("sql_result", "1 if the reply's SQL query returns the gold query's result set (run in the sandbox)")
-def sql_result_reward(sample: Sample, timeout_s: float = 5.0, memory_mb: int = 256, max_rows: int = 10_000, **_) -> float:
+def sql_result_reward(sample: Sample, timeout_s: float = 5.0, memory_mb: int = 256, max_rows: int = 10_000,
+                      max_output_bytes: int = 8_000_000, **_) -> float:
     row = sample.row
     if not row.get("gold_query") or not (row.get("schema") or row.get("database")):
         raise ValueError("sql_result needs rows with `gold_query` and `schema` (a SQL script) or `database` "
                          "(a .sqlite path), e.g. recipe sql")
-    report = grade(extract_program(sample.text), _script(row), str(row["gold_query"]), timeout_s, memory_mb, max_rows)
+    report = grade(extract_program(sample.text), _script(row), str(row["gold_query"]), timeout_s, memory_mb, max_rows,
+                   max_output_bytes)
     sample.info["sql_result"] = report
     return float(report["correct"])
