@@ -98,11 +98,12 @@ def layout(python: str) -> Layout:
 
 
 def _link_chain(path: str) -> tuple[list[tuple[str, str]], str]:
-    """The symlinks met resolving `path` hop by hop ((target, link path) each) and the file it ends at."""
+    """The symlinks met resolving `path` hop by hop ((target, link path) each) and the real path of the
+    file it ends at (directories on the way that are symlinks resolved too)."""
     links: list[tuple[str, str]] = []
     for _ in range(40):
         if not os.path.islink(path):
-            return links, path
+            return links, os.path.realpath(path)
         target = os.readlink(path)
         links.append((target, path))
         path = os.path.normpath(os.path.join(os.path.dirname(path), target))
