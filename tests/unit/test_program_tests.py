@@ -250,3 +250,15 @@ def test_a_run_sees_site_packages_empty():
     lister = ('#include <dirent.h>\n#include <stdio.h>\nint main(void){DIR*d=opendir("/usr/lib/python3/dist-packages");'
               'int n=0;struct dirent*e;while(d&&(e=readdir(d)))n++;printf("%s %d\\n",d?"open":"absent",n);}\n')
     assert run_tests(lister, "c", [("", "open 2")])["verdicts"] == ["passed"]  # only . and ..
+
+
+def test_the_compile_step_cannot_embed_a_host_file(expected_on_the_host, tmp_path):
+    mark, path = expected_on_the_host
+    program = ('#include <stdio.h>\n__asm__(".section .rodata\\n.global blob\\nblob:\\n.incbin \\"' + path +
+               '\\"\\n.byte 0\\n.text\\n");\nextern const char blob[];\nint main(void){fputs(blob, stdout);}\n')
+    report = run_tests(program, "c", [("", mark)])
+    assert report["status"] == "compile_error" and report["passed"] == 0
+    # positive control: compiled on the host, the program prints the file
+    (tmp_path / "e.c").write_text(program)
+    subprocess.run(["gcc", "-O1", "-o", str(tmp_path / "e"), str(tmp_path / "e.c")], check=True)
+    assert mark in subprocess.run([str(tmp_path / "e")], capture_output=True, text=True).stdout
