@@ -12,6 +12,20 @@ if ! command -v bwrap >/dev/null; then
     echo "setup: install bubblewrap (e.g. sudo apt-get install bubblewrap) for the code sandbox's private filesystem" >&2
   fi
 fi
+# the compilers and runtimes of the program_tests reward (docs/rewards/program_tests.md): C, C++, JavaScript
+missing=""
+for pair in gcc:gcc g++:g++ as:binutils node:nodejs; do
+  command -v "${pair%%:*}" >/dev/null || missing="$missing ${pair#*:}"
+done
+[ -e /usr/include/stdio.h ] || missing="$missing libc6-dev"
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get install -y -q $missing || { apt-get update -q && apt-get install -y -q $missing; } \
+      || echo "setup: could not install$missing; program_tests cannot grade those languages" >&2
+  else
+    echo "setup: install$missing (e.g. sudo apt-get install$missing) for the program_tests reward" >&2
+  fi
+fi
 python3 -m venv .venv
 . .venv/bin/activate
 pip install -q --upgrade pip

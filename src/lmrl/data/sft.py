@@ -24,12 +24,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from lmrl.data.conversations import conversation, encode_conversation, tool_list
-from lmrl.envs.tasks import TaskError, hf_records, read_jsonl
-from lmrl.recipe_files import RECIPES_DIR
+from lmrl.envs.tasks import TaskError, hf_records, read_jsonl, shipped_or_local
 from lmrl.types import Origin, Sample
 
 # format -> the fields its records have (the first key set found wins, in this order)
@@ -41,7 +39,6 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "messages": ("messages",),
     "text": ("text",),
 }
-SHIPPED_DATA = RECIPES_DIR / "data"  # small datasets the recipes train on, read by name
 ALIASES = {"conversations": "messages"}  # ShareGPT's column, read as `messages`
 NO_ASSISTANT = "had no assistant tokens to train on"
 EMPTY = "had an empty completion"
@@ -58,14 +55,6 @@ class Records(list):
 
     def where(self, i: int) -> str:
         return f"{self.source}:{self.lines[i]}" if self.lines else f"{self.source}: row {i}"
-
-
-def shipped_or_local(dataset: str) -> Path:
-    """The dataset's path: a file or directory here, else the data file of that name shipped with the recipes
-    (`src/lmrl/recipes/data/`, e.g. `arithmetic_steps.jsonl`), else the name as given (a hub id)."""
-    path = Path(dataset).expanduser()
-    shipped = SHIPPED_DATA / dataset
-    return shipped if not path.exists() and path.name == dataset and shipped.is_file() else path
 
 
 def read_records(dataset: str, params: dict[str, Any] | None = None, key: str = "dataset") -> Records:

@@ -22,10 +22,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from lmrl.config import TaskConfig
+from lmrl.recipe_files import RECIPES_DIR
 from lmrl.registry import Registry
 
 DEFAULT_NUM_EVAL = 100  # held-out rows when task.num_eval is unset: what generated tasks make, the most a share takes
 EVAL_SHARE = 10  # ... a fixed dataset holds out one row in EVAL_SHARE (10%)
+
+SHIPPED_DATA = RECIPES_DIR / "data"  # small datasets the recipes train on, read by name
 
 
 @dataclass(frozen=True)
@@ -248,11 +251,19 @@ def read_jsonl(path: Path, key: str) -> tuple[list[Any], list[int]]:
     return records, lines
 
 
+def shipped_or_local(dataset: str) -> Path:
+    """The dataset's path: a file or directory here, else the data file of that name shipped with the recipes
+    (`src/lmrl/recipes/data/`, e.g. `arithmetic_steps.jsonl`), else the name as given (a hub id)."""
+    path = Path(dataset).expanduser()
+    shipped = SHIPPED_DATA / dataset
+    return shipped if not path.exists() and path.name == dataset and shipped.is_file() else path
+
+
 @TASKS.register("jsonl", "a JSON-lines file of records with a prompt field and a gold-answer field", splits_rows=True)
 def jsonl_task(cfg: TaskConfig) -> TaskData:
     """`task.dataset` is the file. `task.params.eval_dataset`, a second such file, holds the held-out rows;
     without it they are taken from the dataset (`split_rows`)."""
-    path = Path(cfg.dataset)
+    path = shipped_or_local(cfg.dataset)
     records, lines = read_jsonl(path, "task.dataset")
     rows = _normalise(records, cfg, str(path), lines)
     if cfg.params.get("eval_dataset") is None:

@@ -2,7 +2,7 @@
 from lmrl.rewards.compute import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, RewardScorer, find_component
 from lmrl.rewards.functions import REWARD_FNS, answers_match, extract_answer
 import lmrl.rewards.judges, lmrl.rewards.judge_training  # noqa: F401,E401  (register the judge rewards)
-import lmrl.rewards.code  # noqa: F401  (registers code_tests)
+import lmrl.rewards.code, lmrl.rewards.program_tests, lmrl.rewards.sql_result  # noqa: F401,E401  (register code_tests, program_tests, sql_result)
 import lmrl.rewards.group, lmrl.rewards.novelty, lmrl.rewards.pared  # noqa: F401,E401  (registers the group rewards)
 import lmrl.rewards.shaped, lmrl.rewards.aggregations  # noqa: F401,E401  (registers shaped rewards and aggregations)
 import lmrl.rewards.env_reward  # noqa: F401,E402  (registers the env reward)

@@ -362,6 +362,7 @@ def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 512, cpu_s: i
     top-level packages of the trainer's environment the code may import (bwrap; default: the
     standard library only).
     """
+    _containment(isolation, _identity(user), python)  # probed once per process, before the clock starts
     start = time.monotonic()
     proc, root = launch(code, timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s, file_size_mb=file_size_mb,
                         max_processes=max_processes, max_open_files=max_open_files,

@@ -9,6 +9,11 @@ urandom and tty. The host's home, project, virtualenvs, datasets and caches do n
 no path, symlink, `..`, directory descriptor or `/proc` link can name them; and the namespace,
 tmpfs included, ends with the sample, so nothing it writes reaches a later one.
 
+A program other than Python (a compiler, a compiled binary, node: `lmrl.rewards.sandbox_program`) gets
+`tool_layout`: the same shared libraries and masks, plus the host paths it declares (executables,
+header directories), each read-only at its own path with the symlinks leading to it recreated; and
+`root_command` binds the caller's files (a source, a binary) read-only into the working directory.
+
 When the parent is root, bwrap builds the namespaces with root's rights (it can bind an interpreter
 installed under `/root`), keeps only CAP_SETUID/CAP_SETGID for the command, which starts with
 `setpriv` (drop to the sandbox user, no capabilities left) and `unshare --user` (a user namespace of
@@ -49,6 +54,7 @@ class Layout:
     binds: tuple[str, ...]
     masks: tuple[str, ...]  # site directories inside the binds, each covered by an empty tmpfs
     stdlib: tuple[str, ...]  # the standard library's directories (importable without declaring)
+    links: tuple[tuple[str, str], ...] = ()  # (target, path): symlinks recreated on the way to a declared tool
 
 
 def _probe(python: str) -> dict:
@@ -60,14 +66,15 @@ def _inside(path: str, roots) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def _site_dirs(root: str) -> list[str]:
+@functools.lru_cache(maxsize=None)
+def _site_dirs(root: str) -> tuple[str, ...]:
     """Every site-packages/dist-packages directory under `root` (any interpreter's: a bundled
     Python in /usr/lib has its own), not descending into them nor following symlinks."""
     found = []
     for path, dirs, _ in os.walk(root):
         found += [os.path.join(path, d) for d in dirs if d in SITE_DIRS]
         dirs[:] = [d for d in dirs if d not in SITE_DIRS]
-    return found
+    return tuple(found)
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,6 +95,38 @@ def layout(python: str) -> Layout:
     masks = sorted(site for root in binds if os.path.isdir(root) for site in _site_dirs(root))
     stdlib = tuple(sorted({os.path.realpath(info[k]) for k in ("stdlib", "platstdlib")}))
     return Layout(info["executable"], tuple(binds), tuple(masks), stdlib)
+
+
+def _link_chain(path: str) -> tuple[list[tuple[str, str]], str]:
+    """The symlinks met resolving `path` hop by hop ((target, link path) each) and the real path of the
+    file it ends at (directories on the way that are symlinks resolved too)."""
+    links: list[tuple[str, str]] = []
+    for _ in range(40):
+        if not os.path.islink(path):
+            return links, os.path.realpath(path)
+        target = os.readlink(path)
+        links.append((target, path))
+        path = os.path.normpath(os.path.join(os.path.dirname(path), target))
+    raise RuntimeError(f"sandbox: too many symlinks resolving {path}")
+
+
+@functools.lru_cache(maxsize=None)
+def tool_layout(tools: tuple[str, ...]) -> Layout:
+    """A root for programs other than Python: the shared libraries (`SYSTEM_DIRS`, `TOP_LEVEL_LIBS`) plus
+    each declared tool path (an executable, a header or library directory), read-only at its own path, with
+    the symlinks leading to it recreated; site directories hidden as in `layout`. The first tool is the
+    executable. A tool path that does not exist is an error (the caller names its package)."""
+    binds = [d for d in (*SYSTEM_DIRS, *TOP_LEVEL_LIBS) if os.path.isdir(d) and not os.path.islink(d)]
+    links: list[tuple[str, str]] = []
+    for tool in tools:
+        if not os.path.isabs(tool) or not os.path.exists(tool):
+            raise RuntimeError(f"sandbox: declared tool path {tool!r} does not exist")
+        chain, real = _link_chain(tool)
+        links += [link for link in chain if link not in links and not _inside(link[1], binds)]
+        if not _inside(real, binds):
+            binds = [b for b in binds if not _inside(b, [real])] + [real]
+    masks = sorted(site for root in binds if os.path.isdir(root) for site in _site_dirs(root))
+    return Layout(tools[0] if tools else "", tuple(binds), tuple(masks), (), tuple(links))
 
 
 def package_binds(packages: tuple[str, ...], view: Layout) -> list[tuple[str, str]]:
@@ -138,30 +177,42 @@ def command(python: str, identity: tuple[int, int] | None, size_mb: int, package
     """The bwrap command line up to and including the interpreter, for code run as `identity`
     ((uid, gid) when the parent is root, else None); `size_mb` bounds each private tmpfs;
     `user_namespace`: when root, give the code a user namespace of its own (`unshare --user`)."""
+    view = layout(python)
+    return [*root_command(view, identity, size_mb, package_binds(packages, view), user_namespace), view.executable]
+
+
+def root_command(view: Layout, identity: tuple[int, int] | None, size_mb: int, extra: list[tuple[str, str]],
+                 user_namespace: bool, tools: tuple[str, ...] = (), writable: tuple[tuple[str, str], ...] = ()
+                 ) -> list[str]:
+    """The bwrap command line for `view`, ending with the programs that drop to `identity` (the caller
+    appends what runs): `extra` (host path, path inside) are bound read-only after the private tmpfs (so
+    a file may be placed in the working directory), `writable` read-write; `tools`: more programs of the
+    host (util-linux) bound at their paths for the caller's command line."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise RuntimeError("bubblewrap (bwrap) is not installed")
-    view = layout(python)
     root = os.geteuid() == 0
     drop: list[str] = []  # the programs between bwrap and the interpreter (bound into the sandbox too)
-    tools: list[str] = []
+    helpers = list(tools)
     if root and identity is not None:
         uid, gid = identity
-        tools = [_tool("setpriv")]
-        drop = [tools[0], f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
+        setpriv = _tool("setpriv")
+        helpers.append(setpriv)
+        drop = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
         if user_namespace:
-            tools.append(_tool("unshare"))
-            drop += [tools[1], "--user", f"--map-user={uid}", f"--map-group={gid}"]
-    binds = [(b, b) for b in (*view.binds, *tools)] + package_binds(packages, view)
+            helpers.append(_tool("unshare"))
+            drop += [helpers[-1], "--user", f"--map-user={uid}", f"--map-group={gid}"]
+    binds = [(b, b) for b in (*view.binds, *helpers)]
     args = [bwrap, *NAMESPACES, "--die-with-parent", "--new-session"]
     if root:
         args += ["--cap-drop", "ALL"] + (["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if drop else [])
     else:
         args += ["--unshare-user", "--disable-userns"]
     size = str(max(size_mb, 1) << 20)
-    dests = [dest for _, dest in binds]
+    late = [*extra, *writable]
+    dests = [dest for _, dest in (*binds, *late)] + [path for _, path in view.links]
     for parent in _parents([*dests, WORKDIR]):
-        if not _inside(parent, dests):
+        if not _inside(parent, dests) and not _inside(parent, [WORKDIR, "/tmp"]):
             args += ["--perms", "0755", "--dir", parent]
     for top in TOP_LEVEL_LIBS:
         if os.path.islink(top):
@@ -170,7 +221,13 @@ def command(python: str, identity: tuple[int, int] | None, size_mb: int, package
         args += ["--ro-bind", source, dest]
         args += [arg for mask in view.masks if _inside(mask, [dest]) and source == dest
                  for arg in ("--perms", "0755", "--size", "4096", "--tmpfs", mask, "--remount-ro", mask)]
+    for target, path in view.links:
+        args += ["--symlink", target, path]
     args += ["--proc", "/proc", "--dev", "/dev"]
     for private in ("/tmp", "/dev/shm", WORKDIR):
         args += ["--perms", "1777", "--size", size, "--tmpfs", private]
-    return [*args, "--chdir", WORKDIR, "--", *drop, view.executable]
+    for source, dest in extra:
+        args += ["--ro-bind", source, dest]
+    for source, dest in writable:
+        args += ["--bind", source, dest]
+    return [*args, "--chdir", WORKDIR, "--", *drop]
