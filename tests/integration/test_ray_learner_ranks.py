@@ -1,6 +1,7 @@
 """Learner ranks as Ray actors across two nodes (two raylets on this machine, a CPU each): with
 `dist.placement: STRICT_SPREAD` rank 0 and rank 1 land on different nodes, meet at the address rank 0
-reports, and train as 2 torchrun ranks do — the same rewards and, bit for bit, the same weights."""
+reports, and train as 2 torchrun ranks do — the same rewards and, bit for bit, the same weights; sharded
+(`trainer.sharding: fsdp`), their gathered checkpoint is the sharded torchrun ranks' bit for bit."""
 from __future__ import annotations
 
 import json
@@ -60,6 +61,29 @@ def test_two_learner_ranks_on_two_nodes_train_like_two_torchrun_ranks(tmp_path, 
     ray_weights, ray_rewards = weights_and_rewards(result.run_dir)
     torchrun_weights, torchrun_rewards = weights_and_rewards(torchrun_dir)
     assert len(ray_rewards) == 2 and ray_rewards == torchrun_rewards
+    assert ray_weights.keys() == torchrun_weights.keys()
+    for key in ray_weights:
+        assert torch.equal(ray_weights[key], torchrun_weights[key]), key
+
+
+def test_sharded_learner_ranks_on_ray_train_like_sharded_torchrun_ranks(tmp_path, two_nodes):
+    from lmrl.models.sharded_checkpoint import gather_weights
+
+    def gathered(run_dir, name):
+        return load_file(str(gather_weights(run_dir / "checkpoints" / "step-000002", tmp_path / name) / "model.safetensors"))
+
+    sharded = {"threads": 1, "mini_batches": 2, "device": "cpu", "sharding": "fsdp"}
+    cfg = toy_run_config(tmp_path / "ray", 2, dist={"backend": "ray", "learner_ranks": 2, "placement": "STRICT_SPREAD"},
+                         **toy_run_on_disk(tmp_path), trainer=sharded, run={"checkpoint_every": 2})
+    with placed_learners(cfg) as ranks:
+        result = train_placed(ranks, cfg)
+    reference = toy_run_config(tmp_path / "torchrun", 2, **toy_run_on_disk(tmp_path), trainer=sharded,
+                               run={"checkpoint_every": 2})
+    torchrun_dir = spawn_local(train_rank, 2, reference)[0]
+    rewards = [[json.loads(x)["reward/mean"] for x in (d / "metrics.jsonl").read_text().splitlines()
+                if "reward/mean" in x] for d in (result.run_dir, torchrun_dir)]
+    assert len(rewards[0]) == 2 and rewards[0] == rewards[1]
+    ray_weights, torchrun_weights = gathered(result.run_dir, "ray-whole"), gathered(torchrun_dir, "torchrun-whole")
     assert ray_weights.keys() == torchrun_weights.keys()
     for key in ray_weights:
         assert torch.equal(ray_weights[key], torchrun_weights[key]), key
