@@ -126,4 +126,19 @@ def test_a_task_with_too_few_rows_for_its_share_is_refused(tmp_path):
     tasks[1]["weight"] = 30.0  # threes would take all 4 prompts of a step but keeps 2 training rows
     tasks[1]["task"].update(num_train=2)
     with pytest.raises(ConfigError, match="mixture task threes: 2 training rows, fewer than the 4 prompts"):
-        run_tiny(toy_run_config(tmp_path, 1, mixture={"tasks": tasks}))
+        run_tiny(toy_run_config(tmp_path / "second", 1, mixture={"tasks": tasks}))
+
+
+def test_a_task_without_held_out_rows_is_refused_unless_it_asks_for_none(tmp_path):
+    tasks = [t.model_dump() for t in mixture_config(tmp_path, 1).mixture.tasks]
+    tasks[1]["task"].update(num_eval=0)
+    cfg = toy_run_config(tmp_path, 1, mixture={"tasks": tasks}, eval={"at_start": False, "at_end": True})
+    logged, stages = run_tiny(cfg)
+    assert stages.mixture["threes"].eval_rows == [] and "eval/task/threes/accuracy" not in logged[-1]
+    assert logged[-1]["eval/num_prompts"] == 4  # the sevens' held-out rows alone
+    tasks[1]["task"] = {"name": "reasoning_gym", "dataset": "basic_arithmetic", "num_train": 2000, "num_eval": 10,
+                        "params": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+                                   "operators": ["*"], "allow_parentheses": False, "allow_negation": False}}
+    # 81 problems, all among 2000 training rows: no held-out candidate is left
+    with pytest.raises(ConfigError, match="mixture task threes: no held-out rows"):
+        run_tiny(toy_run_config(tmp_path / "second", 1, mixture={"tasks": tasks}))

@@ -86,7 +86,8 @@ def _check_schedule(mixture: MixtureConfig, names: list[str]) -> None:
     for point in mixture.schedule:
         unknown = sorted(set(point.weights) - set(names))
         if unknown:
-            raise ConfigError(f"mixture.schedule at step {point.step}: no task {unknown[0]!r} (tasks: {', '.join(names)})")
+            raise ConfigError(f"mixture.schedule at step {point.step}: no task {unknown[0]!r} "
+                              f"(tasks: {', '.join(names)})")
         if any(w < 0 for w in point.weights.values()) or not any(w > 0 for w in point.weights.values()):
             raise ConfigError(f"mixture.schedule at step {point.step}: weights must be >= 0 with one > 0")
 
@@ -111,6 +112,10 @@ def load_mixture(cfg: Config, tokenizer) -> tuple[list[MixtureEntry], TaskData, 
         task = load_task(entry.cfg.task)
         train, held, own = encode_task(entry.cfg, tokenizer, task)
         entry.train_rows, entry.eval_rows = tag_rows(train, entry.name), tag_rows(held, entry.name)
+        if not held and entry.cfg.task.num_eval != 0:
+            raise ConfigError(f"mixture task {entry.name}: no held-out rows ({task.summary()}), so its evaluation "
+                              "would be missing from every one; give it held-out rows (a larger space of problems, "
+                              "task.params.eval_dataset) or set its task.num_eval: 0 to train it unevaluated")
         for k, v in own.items():
             notes[k] = notes.get(k, 0.0) + v
     n = cfg.rollout.prompts_per_step

@@ -148,7 +148,8 @@ class RailInterventions:
 
     def resampled(self, engine, prompt: list[int], n: int, params: SamplingParams,
                   generator: torch.Generator | None) -> list[Completion]:
-        """`n` continuations of the first `prefix_share` of the prompt's worst completion; the prefix out of the loss."""
+        """`n` continuations of the first `prefix_share` of the prompt's worst completion, the prefix out of the
+        loss."""
         worst = self.seen[tuple(prompt)].worst
         k = max(1, min(len(worst.ids) - 1, int(len(worst.ids) * self.params.prefix_share)))
         prefix = Prefix(list(prompt), worst.ids[:k], worst.logprobs[:k], worst.versions[:k])

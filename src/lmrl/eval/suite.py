@@ -232,7 +232,7 @@ def run_eval(cfg: Config, probe: str | None = None) -> dict:
     pieces = build_pieces(cfg)
     model, tokenizer = pieces.model, pieces.tokenizer
     params = abstention_params(cfg)
-    tasks = [(e.name, e.cfg, e.eval_rows) for e in pieces.mixture] or [(None, cfg, pieces.eval_rows)]
+    tasks = [(e.name, e.cfg, e.eval_rows) for e in pieces.mixture if e.eval_rows] or [(None, cfg, pieces.eval_rows)]
     results = {name: run_suite(pieces.engine, tokenizer, rows, RewardScorer(own.reward), cfg.eval,
                                cfg.rollout.max_new_tokens, own.reward.accuracy_component, seed=cfg.trainer.seed,
                                environment=own.env, lam=float(params.get("lam", 1.0)),

@@ -102,7 +102,8 @@ def rollout_rows(s: Stages, rows: list[dict], n: int, params, generator, control
     """`envs.rollout` of `rows` in order, each row played by its task's environment (a mixture's task, named by the
     row, or the run's one); `controlled`: its completions written by the task's rollout controller."""
     if not s.mixture:
-        return rollout(s.engine, s.tokenizer, rows, n, params, generator, s.cfg.env, s.controller if controlled else None)
+        controller = s.controller if controlled else None
+        return rollout(s.engine, s.tokenizer, rows, n, params, generator, s.cfg.env, controller)
     groups: list[Group | None] = [None] * len(rows)
     for name, entry in s.mixture.items():
         at = [i for i, row in enumerate(rows) if row[TASK_FIELD] == name]
