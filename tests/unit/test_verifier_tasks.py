@@ -1,0 +1,43 @@
+"""The shipped tasks of the structured-output, constraint and finance rewards: every row's gold answer, written
+as a reply, scores 1 with its recipe's reward, and a wrong one (every value changed) scores 0."""
+import json
+import re
+
+import pytest
+
+from lmrl.loading import load_recipe
+from lmrl.recipe_files import shipped_or_local
+from lmrl.rewards import REWARD_FNS
+from lmrl.types import Sample
+
+
+def rows(recipe):
+    cfg = load_recipe(recipe, [])
+    with shipped_or_local(cfg.task.dataset).open() as f:
+        return cfg.reward.components[0].name, [json.loads(line) for line in f]
+
+
+def reply(recipe, row, wrong=False):
+    """The row's gold answer as a reply; `wrong`: each integer one higher (smt), the amount one higher
+    (finance), another tool name and every argument a wrong string (json)."""
+    if recipe == "finance":
+        sign = "%" if row["answer_format"] == "percent" else ""
+        return f"Answer: {float(row['answer']) + wrong:.{row['decimals']}f}{sign}"
+    if recipe == "smt_check":
+        return "Answer: " + re.sub(r"-?\d+", lambda m: str(int(m.group(0)) + wrong), row["answer"])
+    call = json.loads(row["answer"])
+    if wrong:
+        call = {"name": call["name"] + "s", "arguments": {k: "?" for k in call["arguments"]}}
+    return f"```json\n{json.dumps(call)}\n```"
+
+
+@pytest.mark.parametrize("recipe", ["json_schema", "smt_check", "finance"])
+def test_every_gold_answer_scores_one_and_a_wrong_one_zero(recipe):
+    name, records = rows(recipe)
+    assert 10 <= len(records) <= 30
+    reward = REWARD_FNS.get(name)
+    for row in records:
+        def score(text):
+            return reward(Sample(prompt_ids=[1], completion_ids=[0], behaviour_logprobs=[0.0], text=text, row=row))
+        assert score(reply(recipe, row)) == 1.0, row
+        assert score(reply(recipe, row, wrong=True)) == 0.0, row
