@@ -1,4 +1,4 @@
-"""The shipped tasks of the structured-output, constraint and finance rewards: every row's gold answer, written
+"""The shipped tasks of the structured-output, constraint, finance and translation rewards: every row's gold answer, written
 as a reply, scores 1 with its recipe's reward, and a wrong one (every value changed) scores 0."""
 import json
 import re
@@ -17,12 +17,18 @@ def rows(recipe):
         return cfg.reward.components[0].name, [json.loads(line) for line in f]
 
 
+def cfg_params(recipe):
+    return load_recipe(recipe, []).reward.components[0].params
+
+
 def reply(recipe, row, wrong=False):
     """The row's gold answer as a reply; `wrong`: each integer one higher (smt), the amount one higher
-    (finance), another tool name and every argument a wrong string (json)."""
+    (finance), the source copied back (translation), another tool name and every argument a wrong string (json)."""
     if recipe == "finance":
         sign = "%" if row["answer_format"] == "percent" else ""
         return f"Answer: {float(row['answer']) + wrong:.{row['decimals']}f}{sign}"
+    if recipe == "translation":
+        return row["source"] if wrong else row["reference"]
     if recipe == "smt_check":
         return "Answer: " + re.sub(r"-?\d+", lambda m: str(int(m.group(0)) + wrong), row["answer"])
     call = json.loads(row["answer"])
@@ -31,11 +37,12 @@ def reply(recipe, row, wrong=False):
     return f"```json\n{json.dumps(call)}\n```"
 
 
-@pytest.mark.parametrize("recipe", ["json_schema", "smt_check", "finance"])
+@pytest.mark.parametrize("recipe", ["json_schema", "smt_check", "finance", "translation"])
 def test_every_gold_answer_scores_one_and_a_wrong_one_zero(recipe):
     name, records = rows(recipe)
     assert 10 <= len(records) <= 30
     reward = REWARD_FNS.get(name)
+    reward = reward(**cfg_params(recipe)) if isinstance(reward, type) else reward
     for row in records:
         def score(text):
             return reward(Sample(prompt_ids=[1], completion_ids=[0], behaviour_logprobs=[0.0], text=text, row=row))
