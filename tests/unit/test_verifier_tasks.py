@@ -1,5 +1,6 @@
-"""The shipped tasks of the structured-output, constraint, finance and translation rewards: every row's gold answer, written
-as a reply, scores 1 with its recipe's reward, and a wrong one (every value changed) scores 0."""
+"""The shipped tasks of the structured-output, constraint, finance, translation and retrieval rewards: every
+row's gold answer (for retrieval, the titles of its relevant passages as the query), written as a reply, scores
+1 with its recipe's reward, and a wrong one scores 0."""
 import json
 import re
 
@@ -7,8 +8,11 @@ import pytest
 
 from lmrl.loading import load_recipe
 from lmrl.recipe_files import shipped_or_local
+from lmrl.rewards.retrieval import load_passages
 from lmrl.rewards import REWARD_FNS
 from lmrl.types import Sample
+
+TITLES = {p["id"]: p["title"] for p in load_passages("fictional_atlas")}
 
 
 def rows(recipe):
@@ -23,10 +27,12 @@ def cfg_params(recipe):
 
 def reply(recipe, row, wrong=False):
     """The row's gold answer as a reply; `wrong`: each integer one higher (smt), the amount one higher
-    (finance), the source copied back (translation), another tool name and every argument a wrong string (json)."""
+    (finance), the source copied back (translation), a doc id (retrieval), another tool name and every argument a wrong string (json)."""
     if recipe == "finance":
         sign = "%" if row["answer_format"] == "percent" else ""
         return f"Answer: {float(row['answer']) + wrong:.{row['decimals']}f}{sign}"
+    if recipe == "retrieval":
+        return "Query: atlas-0000" if wrong else "Query: " + " ".join(TITLES[i] for i in row["support"])
     if recipe == "translation":
         return row["source"] if wrong else row["reference"]
     if recipe == "smt_check":
@@ -37,7 +43,7 @@ def reply(recipe, row, wrong=False):
     return f"```json\n{json.dumps(call)}\n```"
 
 
-@pytest.mark.parametrize("recipe", ["json_schema", "smt_check", "finance", "translation"])
+@pytest.mark.parametrize("recipe", ["json_schema", "smt_check", "finance", "translation", "retrieval"])
 def test_every_gold_answer_scores_one_and_a_wrong_one_zero(recipe):
     name, records = rows(recipe)
     assert 10 <= len(records) <= 30

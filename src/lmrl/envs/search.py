@@ -4,8 +4,8 @@ The tool call follows the `tool_use` convention (lmrl/envs/tools.py, whose parse
 
     <tool_call>{"name": "search", "arguments": {"query": "capital of Niard"}}</tool_call>
 
-Each call is answered by one `tool` message with the `top_k` best passages (BM25 via `bm25s`, numpy
-only, built once per environment). A reply without a `<tool_call>` tag is the final answer and ends the
+Each call is answered by one `tool` message with the `top_k` best passages (`BM25Index`, shared with
+the `retrieval` reward, built once per environment). A reply without a `<tool_call>` tag is the final answer and ends the
 episode; its text after the last 'Answer:' is graded against the row's gold answer after SQuAD-style
 normalisation (lowercase, no punctuation or articles): exact match pays 1 (or the token F1 with
 `answer_reward="f1"`). Search turns earn the `tool_use` format reward (`tools.format_credit`):
@@ -21,7 +21,6 @@ was it a search turn), so the last one describes the whole episode.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +31,8 @@ from lmrl.envs.tasks import TASKS, TaskData, TaskError, split_rows
 from lmrl.envs.tools import CALL, ToolError, format_credit, parse_call
 from lmrl.rewards.functions import extract_answer
 from lmrl.rewards.judge_scoring import normalise_answer, token_f1
+from lmrl.rewards.retrieval import CORPUS_DIR, BM25Index
 
-CORPUS_DIR = Path(__file__).parent / "corpus"
 SYSTEM_PROMPT = ("Answer the question about an atlas of places and people you do not know: search it first. "
                  "To search, write <tool_call>{\"name\": \"search\", \"arguments\": {\"query\": \"...\"}}"
                  "</tool_call> and wait for the passages. When you know the answer, reply without a tool call "
@@ -60,48 +59,6 @@ def read_jsonl(name: str, suffix: str = "", needs: tuple[str, ...] = ()) -> list
 def as_words(text: str) -> str:
     """The normalised text as ' w1 w2 … ', so that containment is a whole-word match."""
     return " " + " ".join(normalise_answer(text)) + " "
-
-
-def _bm25s():
-    """bm25s, imported with numba hidden: it would import numba whenever it is installed (vLLM depends on
-    it), and numba's llvmlite objects break vLLM's kernel scan of `sys.modules` at engine start. Without
-    numba bm25s uses its numpy backend."""
-    if "bm25s" in sys.modules or "numba" in sys.modules:
-        import bm25s
-
-        return bm25s
-    sys.modules["numba"] = None  # `import numba` now raises ImportError
-    try:
-        import bm25s
-    finally:
-        del sys.modules["numba"]
-    return bm25s
-
-
-class BM25Index:
-    """BM25 over the passages' title and text (English stopwords removed). A query only reads the index,
-    so episodes stepped in parallel threads may search at once."""
-
-    def __init__(self, passages: list[dict[str, Any]], k1: float = 1.5, b: float = 0.75):
-        bm25s = _bm25s()
-        self.passages = passages
-        texts = [f"{p.get('title', '')}. {p['text']}" for p in passages]
-        self.retriever = bm25s.BM25(k1=k1, b=b)
-        self.retriever.index(self.words(texts), show_progress=False)
-
-    @staticmethod
-    def words(texts: list[str]) -> list[list[str]]:
-        return _bm25s().tokenize(texts, stopwords="en", return_ids=False, show_progress=False)
-
-    def search(self, query: str, k: int) -> list[int]:
-        """Indices of the (at most) `k` best passages with a positive score, best first; ties keep corpus order."""
-        import numpy as np
-
-        ids = self.retriever.get_tokens_ids(self.words([query])[0])
-        if not ids:
-            return []
-        scores = self.retriever.get_scores_from_ids(ids)
-        return [int(i) for i in np.argsort(-scores, kind="stable")[:k] if scores[i] > 0]
 
 
 @TASKS.register("search_qa", "questions over a search corpus (env.name: search); task.params.qa: a shipped "

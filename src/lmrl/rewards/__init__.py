@@ -10,7 +10,7 @@ import lmrl.rewards.coact, lmrl.rewards.seif  # noqa: F401,E401,E402  (register 
 import lmrl.rewards.hindsight_critique  # noqa: F401,E402  (registers the teacher context that calls a judge)
 import lmrl.rewards.process_reward  # noqa: F401,E402  (registers process_reward_model)
 import lmrl.rewards.structured, lmrl.rewards.constraints, lmrl.rewards.finance  # noqa: F401,E401,E402  (register json_schema, smt_check, finance)
-import lmrl.rewards.translation  # noqa: F401,E402  (registers translation)
+import lmrl.rewards.translation, lmrl.rewards.retrieval  # noqa: F401,E401,E402  (register translation, retrieval)
 
 __all__ = ["GROUP_REWARD_FNS", "REWARD_AGGREGATIONS", "REWARD_FNS", "RewardScorer", "answers_match",
            "extract_answer", "find_component"]
