@@ -104,6 +104,7 @@ def test_braces_inside_strings_do_not_end_the_object():
     text = '{"name": "get_weather", "arguments": {"city": "Pa}ris{", "unit": "celsius"}}'
     assert last_object_text("call: " + text + " done") == text
     assert last_object_text('she said "{" then') is None
+    assert score("Here { is the call: " + RIGHT) == 0.0  # an unbalanced brace in the prose leaves no object
 
 
 def test_replies_without_an_object_score_zero():
