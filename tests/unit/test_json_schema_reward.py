@@ -62,7 +62,8 @@ def test_duplicate_keys_are_refused_even_when_one_copy_is_right():
 def test_nan_and_infinity_are_not_json(constant):
     with pytest.raises(JsonRefused, match="is not JSON"):
         parse_object(f'{{"x": {constant}}}')
-    assert score(f'{{"name": "get_weather", "arguments": {{"city": "Paris", "unit": "celsius", "t": {constant}}}}}') == 0
+    call = f'{{"name": "get_weather", "arguments": {{"city": "Paris", "unit": "celsius", "t": {constant}}}}}'
+    assert score(call) == 0
 
 
 def test_deep_nesting_is_refused_before_parsing():

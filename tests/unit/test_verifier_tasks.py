@@ -8,26 +8,27 @@ import pytest
 
 from lmrl.loading import load_recipe
 from lmrl.recipe_files import shipped_or_local
-from lmrl.rewards.retrieval import load_passages
 from lmrl.rewards import REWARD_FNS
+from lmrl.rewards.retrieval import load_passages
 from lmrl.types import Sample
 
 TITLES = {p["id"]: p["title"] for p in load_passages("fictional_atlas")}
 
 
-def rows(recipe):
+def recipe_reward_and_rows(recipe):
+    """The recipe's reward component, built with its params, and the rows of its shipped dataset."""
     cfg = load_recipe(recipe, [])
+    component = cfg.reward.components[0]
+    reward = REWARD_FNS.get(component.name)
+    reward = reward(**component.params) if isinstance(reward, type) else reward
     with shipped_or_local(cfg.task.dataset).open() as f:
-        return cfg.reward.components[0].name, [json.loads(line) for line in f]
-
-
-def cfg_params(recipe):
-    return load_recipe(recipe, []).reward.components[0].params
+        return reward, [json.loads(line) for line in f]
 
 
 def reply(recipe, row, wrong=False):
     """The row's gold answer as a reply; `wrong`: each integer one higher (smt), the amount one higher
-    (finance), the source copied back (translation), a doc id (retrieval), another tool name and every argument a wrong string (json)."""
+    (finance), the source copied back (translation), a doc id (retrieval), another tool name and every argument
+    a wrong string (json)."""
     if recipe == "finance":
         sign = "%" if row["answer_format"] == "percent" else ""
         return f"Answer: {float(row['answer']) + wrong:.{row['decimals']}f}{sign}"
@@ -45,10 +46,8 @@ def reply(recipe, row, wrong=False):
 
 @pytest.mark.parametrize("recipe", ["json_schema", "smt_check", "finance", "translation", "retrieval"])
 def test_every_gold_answer_scores_one_and_a_wrong_one_zero(recipe):
-    name, records = rows(recipe)
+    reward, records = recipe_reward_and_rows(recipe)
     assert 10 <= len(records) <= 30
-    reward = REWARD_FNS.get(name)
-    reward = reward(**cfg_params(recipe)) if isinstance(reward, type) else reward
     for row in records:
         def score(text):
             return reward(Sample(prompt_ids=[1], completion_ids=[0], behaviour_logprobs=[0.0], text=text, row=row))
