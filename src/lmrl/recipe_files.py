@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from lmrl.errors import ConfigError
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+SHIPPED_DATA = RECIPES_DIR / "data"  # small datasets the recipes train on, read by name
 
 
 def _named(items: list, name: str, key: str) -> dict:
@@ -392,3 +393,11 @@ def resolve_references(tree: Any, path_of) -> Any:
     if isinstance(tree, list):
         return [resolve_references(value, path_of) for value in tree]
     return tree
+
+
+def shipped_or_local(dataset: str) -> Path:
+    """The dataset's path: a file or directory here, else the data file of that name shipped with the recipes
+    (`src/lmrl/recipes/data/`, e.g. `arithmetic_steps.jsonl`), else the name as given (a hub id)."""
+    path = Path(dataset).expanduser()
+    shipped = SHIPPED_DATA / dataset
+    return shipped if not path.exists() and path.name == dataset and shipped.is_file() else path

@@ -5,7 +5,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from lmrl.envs.tasks import SHIPPED_DATA, load_task
+from lmrl.envs.tasks import load_task
+from lmrl.recipe_files import SHIPPED_DATA
 from lmrl.loading import load_recipe
 from lmrl.rewards import REWARD_FNS
 from lmrl.types import Sample

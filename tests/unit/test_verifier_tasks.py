@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from lmrl.envs.tasks import shipped_or_local
+from lmrl.recipe_files import shipped_or_local
 from lmrl.loading import load_recipe
 from lmrl.rewards import REWARD_FNS
 from lmrl.rewards.retrieval import load_passages

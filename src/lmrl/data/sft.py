@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmrl.data.conversations import conversation, encode_conversation, tool_list
-from lmrl.envs.tasks import TaskError, hf_records, read_jsonl, shipped_or_local
+from lmrl.envs.tasks import TaskError, hf_records, read_jsonl
+from lmrl.recipe_files import shipped_or_local
 from lmrl.types import Origin, Sample
 
 # format -> the fields its records have (the first key set found wins, in this order)

@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from lmrl.config import TaskConfig
-from lmrl.recipe_files import RECIPES_DIR
+from lmrl.recipe_files import shipped_or_local
 from lmrl.registry import Registry
 
 DEFAULT_NUM_EVAL = 100  # held-out rows when task.num_eval is unset: what generated tasks make, the most a share takes
 EVAL_SHARE = 10  # ... a fixed dataset holds out one row in EVAL_SHARE (10%)
 
-SHIPPED_DATA = RECIPES_DIR / "data"  # small datasets the recipes train on, read by name
 
 
 @dataclass(frozen=True)
@@ -249,14 +248,6 @@ def read_jsonl(path: Path, key: str) -> tuple[list[Any], list[int]]:
             raise TaskError(f"{path}:{n}: not valid JSON ({err.msg})") from None
         lines.append(n)
     return records, lines
-
-
-def shipped_or_local(dataset: str) -> Path:
-    """The dataset's path: a file or directory here, else the data file of that name shipped with the recipes
-    (`src/lmrl/recipes/data/`, e.g. `arithmetic_steps.jsonl`), else the name as given (a hub id)."""
-    path = Path(dataset).expanduser()
-    shipped = SHIPPED_DATA / dataset
-    return shipped if not path.exists() and path.name == dataset and shipped.is_file() else path
 
 
 @TASKS.register("jsonl", "a JSON-lines file of records with a prompt field and a gold-answer field", splits_rows=True)

@@ -29,8 +29,8 @@ import math
 import re
 import sqlite3
 from collections import Counter
-from pathlib import Path
 
+from lmrl.recipe_files import shipped_or_local
 from lmrl.rewards.functions import REWARD_FNS
 from lmrl.rewards.program_tests import extract_program
 from lmrl.rewards.sandbox import run_python
@@ -77,11 +77,7 @@ print("\n" + json.dumps(answer))
 def _script(row: dict) -> str:
     if row.get("schema"):
         return str(row["schema"])
-    path = Path(str(row["database"])).expanduser()
-    if not path.is_absolute() and not path.exists():
-        from lmrl.envs.tasks import SHIPPED_DATA
-
-        path = SHIPPED_DATA / path
+    path = shipped_or_local(str(row["database"]))
     if not path.is_file():
         raise ValueError(f"sql_result: the row's database {row['database']!r} is not a file")
     if path.suffix == ".sql":
