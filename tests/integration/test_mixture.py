@@ -115,6 +115,8 @@ def test_a_schedule_names_known_tasks_and_an_offline_source_is_refused(tmp_path)
                                              "schedule": [{"step": 0, "weights": {"fours": 1.0}}]})
     with pytest.raises(ConfigError, match="mixture.schedule is set but mixture.sampling=proportional"):
         toy_run_config(tmp_path, 1, mixture={"tasks": tasks, "schedule": [{"step": 0, "weights": {"sevens": 1.0}}]})
+    with pytest.raises(ConfigError, match="data.demonstrations=peers: a sample source adds samples built from one"):
+        toy_run_config(tmp_path, 1, mixture={"tasks": tasks}, data={"demonstrations": "peers"})
     with pytest.raises(ConfigError, match="a mixture's tasks are sampled prompts"):
         toy_run_config(tmp_path, 1, mixture={"tasks": tasks}, batches={"source": "sft", "dataset": "x.jsonl"},
                        algo={"terms": [{"name": "nll"}]})

@@ -48,8 +48,8 @@ def run_stages(stages: tuple[str, ...], *args: Any) -> None:
 def check_names(cfg: Config) -> None:
     """The stages that need no data: names resolve, then declarations and settings fit together; for a task
     mixture, in each task's own config too."""
-    run_stages(CONFIG_STAGES, cfg)
     check_mixture(cfg)
+    run_stages(CONFIG_STAGES, cfg)
 
 
 def check_mixture(cfg: Config) -> None:
@@ -59,6 +59,10 @@ def check_mixture(cfg: Config) -> None:
     if entries and not BATCH_SOURCES.spec(cfg.batches.source).online:
         raise ConfigError(f"mixture.tasks: batches.source={cfg.batches.source} trains the rows of batches.dataset; "
                           "a mixture's tasks are sampled prompts (batches.source=rollouts or online_pairs)")
+    if entries and cfg.data.demonstrations != "none":
+        raise ConfigError(f"mixture.tasks with data.demonstrations={cfg.data.demonstrations}: a sample source adds "
+                          "samples built from one task's fields, which a mixture's tasks do not share; not built for "
+                          "mixtures (unset data.demonstrations)")
     for entry in entries:
         try:
             run_stages(CONFIG_STAGES, entry.cfg)
