@@ -9,10 +9,16 @@ random words; generation stops only at the length limit (random weights rarely e
     python benchmarks/gpu.py --out docs/gpu_result.md     # about 6 minutes on one H200
     python benchmarks/gpu.py --shapes tiny --device cpu --steps 2   # a smoke run of the script itself
     python benchmarks/gpu.py --ranks 2 --variants full              # data-parallel learner, one GPU per rank (NCCL)
+    python benchmarks/gpu.py --ranks 2 --sharding fsdp              # the sharded learner (FSDP2), one GPU per rank
+    python benchmarks/gpu.py --servers 1 --server-devices cuda:0    # rollouts from an engine server, weights broadcast
 
 With `--ranks N` the script starts itself under torchrun: N ranks, NCCL on CUDA (gloo on the CPU),
 each generating and training its share of the global batch (docs/scaling.md); rank 0 reports, MFU
-per device. NCCL needs one GPU per rank.
+per device. NCCL needs one GPU per rank. `--sharding fsdp` shards the learner's weights, gradients and
+optimiser over those ranks (`trainer.sharding`). `--servers N` generates on N engine servers in processes of
+their own (`dist.servers`, `--server-devices` one device each; `--broadcast` the weight group's backend: gloo
+when the servers share the learner's GPU, as NCCL needs a device per process), the learner broadcasting the
+new weights after every update; the weight-sync column is that broadcast's time per step.
 
 Reported per variant, from the loop's own metrics (the first step is warm-up and not counted):
 rollout tokens/s (generated tokens / rollout time), training tokens/s (tokens of the update batch /
@@ -104,6 +110,11 @@ def run_variant(shape: str, variant: str, a, workdir: Path) -> dict[str, float]:
     }
     if lora:
         tree["model"] = {"lora": {"r": 16, "alpha": 32}}
+    if a.sharding != "none":
+        tree["trainer"]["sharding"] = a.sharding
+    if a.servers:
+        tree["dist"] = {"backend": "local", "servers": True, "rollout_workers": a.servers, "broadcast": a.broadcast,
+                        "server_devices": a.server_devices.split(",") if a.server_devices else []}
     cfg = build_config(tree)
     model = build_model(shape)
     stages = build_stages(cfg, model=model, tokenizer=tokenizer)
@@ -121,6 +132,7 @@ def run_variant(shape: str, variant: str, a, workdir: Path) -> dict[str, float]:
            "train_tok_s": batch_tokens / train_s,
            "mfu": 6 * n * batch_tokens / train_s / (a.peak_tflops * 1e12 * a.ranks),
            "step_s": sum(r["timing/step_s"] for r in timed) / len(timed),
+           "sync_s": sum(r.get("timing/weight_sync_s", 0.0) for r in timed) / len(timed),
            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")}
     del stages, model
     if cuda:
@@ -142,6 +154,10 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--device", default="auto")
     ap.add_argument("--ranks", type=int, default=1, help="data-parallel ranks (torchrun; one GPU each)")
+    ap.add_argument("--sharding", default="none", choices=["none", "fsdp"], help="trainer.sharding")
+    ap.add_argument("--servers", type=int, default=0, help="engine servers generating apart from the learner")
+    ap.add_argument("--server-devices", default="", help="comma-separated, one per server (cuda:0,…); none: CPU")
+    ap.add_argument("--broadcast", default="auto", choices=["auto", "gloo", "nccl"], help="dist.broadcast")
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.ranks > 1 and "WORLD_SIZE" not in os.environ:
@@ -154,9 +170,10 @@ def main() -> None:
     name = torch.cuda.get_device_name() if torch.cuda.is_available() and a.device != "cpu" else "cpu"
     lines = [f"device: {name} × {a.ranks} rank(s); the real lmrl loop, GRPO, {a.prompts} prompts × {a.group} samples, prompt "
              f"{a.prompt_len} tokens, {a.new_tokens} new tokens, bf16 autocast over fp32 master weights, "
-             f"hf engine; mean of steps 2–{a.steps}", "",
-             "| model | variant | rollout tok/s | train tok/s | update MFU | step s | peak GiB |",
-             "|---|---|---|---|---|---|---|"]
+             f"{f'{a.servers} engine server(s), weights broadcast ({a.broadcast})' if a.servers else 'hf engine'}; "
+             f"learner sharding {a.sharding}; mean of steps 2–{a.steps}", "",
+             "| model | variant | rollout tok/s | train tok/s | update MFU | step s | weight sync s | peak GiB |",
+             "|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         for shape in a.shapes.split(","):
             for variant in a.variants.split(","):
@@ -164,7 +181,7 @@ def main() -> None:
                 if not main_rank:
                     continue
                 lines.append(f"| {shape} | {variant} | {r['rollout_tok_s']:.0f} | {r['train_tok_s']:.0f} | "
-                             f"{r['mfu']:.1%} | {r['step_s']:.1f} | {r['peak_gib']:.1f} |")
+                             f"{r['mfu']:.1%} | {r['step_s']:.1f} | {r['sync_s']:.2f} | {r['peak_gib']:.1f} |")
                 print(lines[-1], flush=True)
     if not main_rank:
         return
