@@ -42,7 +42,9 @@ def stages(tmp_path, steps=2):
                          algo={"guards": {"enabled": True, "patience": 99, "lr_factor": 1.0}},
                          reward={"components": [{"name": "contains_7"},  # meds keeps a memory: a stateful scorer
                                                 {"name": "meds", "weight": 0.0, "params": {"feature": "text"}}],
-                                 "accuracy_component": "contains_7"})
+                                 "accuracy_component": "contains_7"},
+                         rollout={"controller": "rail",  # a bandit over interventions: a stateful controller
+                                  "controller_params": {"shadow_steps": 1, "branch_tokens": 2}})
     s = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
     return dataclasses.replace(s, add_samples=CountingSource(s.add_samples))
 
