@@ -95,15 +95,20 @@ def is_language(text: str, lang: str, identifier: str = "py3langid", languages: 
     return bool(text) and detect_language(text, languages) == lang
 
 
-def token_scripts(token_ids: Sequence[int], tokenizer) -> list[frozenset[str]]:
-    """The scripts of each token's letters. A character split over several byte-level tokens (a CJK character is
-    two or three) is decoded whole and its scripts given to each of those tokens."""
-    out: list[frozenset[str]] = []
+def decoded_pieces(token_ids: Sequence[int], tokenizer) -> list[tuple[int, int, str]]:
+    """(first token, end token, text) of each run of tokens that decodes to whole characters, in order: one token
+    each, except a character split over several byte-level tokens (a CJK character is two or three), decoded whole."""
+    out: list[tuple[int, int, str]] = []
     start = 0
     for end in range(1, len(token_ids) + 1):
         piece = tokenizer.decode(list(token_ids[start:end]))
         if piece.endswith("\ufffd") and end < len(token_ids) and end - start < 4:
             continue  # an unfinished multi-byte character: decode it with the next token
-        out += [text_scripts(piece.replace("\ufffd", ""))] * (end - start)
+        out.append((start, end, piece.replace("\ufffd", "")))
         start = end
     return out
+
+
+def token_scripts(token_ids: Sequence[int], tokenizer) -> list[frozenset[str]]:
+    """The scripts of each token's letters; the tokens of one split character share its scripts."""
+    return [text_scripts(text) for start, end, text in decoded_pieces(token_ids, tokenizer) for _ in range(end - start)]
