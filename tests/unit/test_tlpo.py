@@ -197,9 +197,12 @@ def test_token_pair_params_are_checked():
         TokenPairParams(error="words")
     with pytest.raises(ValueError, match=">= 1"):
         TokenPairParams(k=0)
+    with pytest.raises(ValueError, match=r"\['K'\]: batches.source=token_pairs reads only"):
+        TokenPairParams.of({"K": 3})
+    assert TokenPairParams.of({"k": 3, "lang": "ru"}).target({}) == "cyrillic"
 
 
-def test_token_pairs_source_refuses_the_background_loop():
+def test_token_pairs_source_refuses_the_background_loop_and_unknown_params():
     from lmrl.config import Config
     from lmrl.data.sources import check_batches
 
@@ -207,4 +210,8 @@ def test_token_pairs_source_refuses_the_background_loop():
                                  "rollout": {"group_size": 1, "max_staleness": 1}})
     with pytest.raises(ConfigError, match="rollout.max_staleness"):
         check_batches(cfg)
-    check_batches(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"max_staleness": None})}))
+    inline = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"max_staleness": None})})
+    check_batches(inline)
+    typo = inline.model_copy(update={"batches": inline.batches.model_copy(update={"params": {"errors": "every"}})})
+    with pytest.raises(ConfigError, match="reads only"):
+        check_batches(typo)

@@ -60,8 +60,12 @@ class TokenPairParams:
 
     @staticmethod
     def of(params: dict) -> "TokenPairParams":
+        """From `batches.params`; a key it does not know is refused, naming the ones it does."""
         known = set(TokenPairParams.__dataclass_fields__)
-        return TokenPairParams(**{k: v for k, v in params.items() if k in known})
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ValueError(f"batches.params {unknown}: batches.source=token_pairs reads only {sorted(known)}")
+        return TokenPairParams(**params)
 
     def target(self, row: dict) -> str:
         """The target script of a row's replies."""
@@ -109,9 +113,11 @@ def token_pair(sample: Sample, t: int, alternative: tuple[int, float], uid: str)
     mask = [0] * t + [1]
 
     def row(token: int, logp: float, label: str) -> Sample:
-        return Sample(list(sample.prompt_ids), prefix + [token], logps + [logp], "length", list(versions),
-                      dict(sample.rewards), sample.reward, None, {"preference": label, "error_position": t},
-                      sample.origin, list(mask), sample.text, sample.row)
+        return Sample(prompt_ids=list(sample.prompt_ids), completion_ids=prefix + [token],
+                      behaviour_logprobs=logps + [logp], finish_reason="length", policy_version=list(versions),
+                      rewards=dict(sample.rewards), reward=sample.reward,
+                      info={"preference": label, "error_position": t}, origin=sample.origin, loss_mask=list(mask),
+                      text=sample.text, row=sample.row)
 
     a, lp = alternative
     return Group(uid, sample.row, [row(a, lp, "chosen"),
