@@ -175,7 +175,7 @@ def test_mined_pairs_share_the_prefix_and_train_only_the_last_token():
     groups, metrics = mine_token_pairs([Group("g", x.row, [x])], probe, TOK, TokenPairParams())
     assert probe.asked == [[7, 8] + completion[:2]]  # the policy sees the prompt and y_<t
     assert metrics == {"tlpo/error_positions": 1.0, "tlpo/pairs": 1.0, "tlpo/no_alternative": 0.0,
-                       "tlpo/rollouts_with_error": 1.0}
+                       "tlpo/over_max_positions": 0.0, "tlpo/rollouts_with_error": 1.0}
     chosen, rejected = groups[0].samples
     assert chosen.completion_ids == completion[:2] + [good] and rejected.completion_ids == completion[:3]
     assert chosen.loss_mask == rejected.loss_mask == [0, 0, 1]
@@ -183,13 +183,19 @@ def test_mined_pairs_share_the_prefix_and_train_only_the_last_token():
     assert (chosen.info["preference"], rejected.info["preference"]) == ("chosen", "rejected")
 
 
-def test_mining_counts_positions_without_an_alternative_and_needs_a_target():
+def test_mining_counts_positions_without_an_alternative_or_past_the_cap_and_needs_a_target():
     x = Sample([7], ids(" кот"), [-0.3], row={})
     probe = ScriptedProbe([(ids(" кот")[0], -0.1)], {})
     with pytest.raises(ValueError, match="batches.params.lang"):
         mine_token_pairs([Group("g", x.row, [x])], probe, TOK, TokenPairParams())
     groups, metrics = mine_token_pairs([Group("g", x.row, [x])], probe, TOK, TokenPairParams(lang="en"))
     assert groups == [] and metrics["tlpo/no_alternative"] == 1.0
+    every = Sample([7], ids(" кот", " сидит", " кот"), [-0.3] * 3, row={})
+    probe.continuation[ids(" кот")[0]] = []  # at " сидит" the candidate " кот" is Cyrillic too: no pass
+    _, metrics = mine_token_pairs([Group("g", {}, [every])], probe, TOK,
+                                  TokenPairParams(lang="en", error="every", max_positions=2))
+    assert (metrics["tlpo/error_positions"], metrics["tlpo/no_alternative"], metrics["tlpo/over_max_positions"]) \
+        == (3.0, 2.0, 1.0)
 
 
 def test_token_pair_params_are_checked():

@@ -127,9 +127,10 @@ def token_pair(sample: Sample, t: int, alternative: tuple[int, float], uid: str)
 def mine_token_pairs(groups: list[Group], probe: PolicyProbe, tokenizer, params: TokenPairParams
                      ) -> tuple[list[Group], dict[str, float]]:
     """Every rollout's token pairs (one group each) and the metrics: error positions found, pairs made, positions
-    without a passing alternative, the share of rollouts with an error."""
+    without a passing alternative, positions past a reply's `max_positions` (not probed), the share of rollouts
+    with an error. Found = pairs + without an alternative + past the cap."""
     out: list[Group] = []
-    found = missing = with_error = rollouts = 0
+    found = missing = over_cap = with_error = rollouts = 0
     for g in groups:
         target = params.target(g.row)
         for i, x in enumerate(g.scored):
@@ -139,6 +140,7 @@ def mine_token_pairs(groups: list[Group], probe: PolicyProbe, tokenizer, params:
                          if trained[t]]
             with_error += bool(positions)
             found += len(positions)
+            over_cap += max(len(positions) - params.max_positions, 0)
             for t in positions[: params.max_positions]:
                 alternative = best_alternative(list(x.prompt_ids) + x.completion_ids[:t], x.completion_ids[t], probe,
                                                tokenizer, target, params.k, params.m)
@@ -147,7 +149,7 @@ def mine_token_pairs(groups: list[Group], probe: PolicyProbe, tokenizer, params:
                     continue
                 out.append(token_pair(x, t, alternative, f"{g.uid}/{i}@{t}"))
     return out, {"tlpo/error_positions": float(found), "tlpo/pairs": float(len(out)),
-                 "tlpo/no_alternative": float(missing),
+                 "tlpo/no_alternative": float(missing), "tlpo/over_max_positions": float(over_cap),
                  "tlpo/rollouts_with_error": with_error / rollouts if rollouts else 0.0}
 
 
