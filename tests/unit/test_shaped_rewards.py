@@ -16,6 +16,7 @@ from lmrl.eval.abstention import (
 )
 from lmrl.models import tiny_llama
 from lmrl.rewards import REWARD_FNS, RewardScorer
+from lmrl.rewards.language_id import detect_language
 from lmrl.rewards.shaped import (
     AnswerSpanConfidence,
     RewardModelScore,
@@ -23,7 +24,6 @@ from lmrl.rewards.shaped import (
     answer_span_confidence,
     answer_token_positions,
     count_syllables,
-    detect_language,
     duration_fit,
     edit_reward,
     extract_edits,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from lmrl.algos.terms import TERMS, active_terms
 from lmrl.config import AlgoConfig, BatchesConfig, Config, ConfigError
@@ -38,6 +39,9 @@ class BatchSourceSpec:
     task_rows: bool = False  # reads the task's rows (not batches.dataset)
     labels: frozenset[str] = frozenset()  # the `ROW_LABELS` its rows carry (a pair source's: chosen, pair)
     completions: bool = False  # each row is a prompt and its completion, which `batches.on_policy` may regenerate
+    # (cfg, kept groups, learner, tokenizer) -> (pair groups, metrics): how an online pair source makes its pairs
+    # from a step's rollouts with the policy's help; None: each group's best- and worst-rewarded samples
+    mines: Callable[..., tuple[list[Group], dict[str, float]]] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "formats", frozenset(self.formats))
@@ -215,13 +219,17 @@ def preference_pairs(groups: list[Group], min_gap: float = 0.0) -> tuple[list[Gr
     return [Group(g.uid, g.row, p) for g, p in pairs if p is not None], sum(p is None for _, p in pairs)
 
 
-def step_pairs(cfg: Config, kept: list[Group]) -> tuple[list[Group], dict[str, float]]:
+def step_pairs(cfg: Config, kept: list[Group], learner=None, tokenizer=None) -> tuple[list[Group], dict[str, float]]:
     """A step's kept groups as its source trains them: for a pair source (`online_pairs`) the preference pair of
     each (`preference_pairs`, `batches.params.min_gap`) with the metrics `data/pairs` and `data/unpaired_groups`;
-    for any other source the groups as they are. Applied where a step's batch is collected
+    for a source that mines its pairs with the policy (`BatchSourceSpec.mines`: `token_pairs`) what it mines; for
+    any other source the groups as they are. Applied where a step's batch is collected
     (`loops.collect.collect_groups`), so the inline and the background source pair alike."""
-    if not BATCH_SOURCES.spec(cfg.batches.source).pairs:
+    spec = BATCH_SOURCES.spec(cfg.batches.source)
+    if not spec.pairs:
         return kept, {}
+    if spec.mines is not None:
+        return spec.mines(cfg, kept, learner, tokenizer)
     pairs, unpaired = preference_pairs(kept, float(cfg.batches.params.get("min_gap", 0.0)))
     return pairs, {"data/pairs": float(len(pairs)), "data/unpaired_groups": float(unpaired)}
 
@@ -231,6 +239,23 @@ def step_pairs(cfg: Config, kept: list[Group]) -> tuple[list[Group], dict[str, f
 def online_pairs(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> None:
     """Made by the step loop, like `rollouts`, inline or in the background (`rollout.max_staleness`); each step's
     kept groups are paired where they are collected (`step_pairs`)."""
+    return None
+
+
+def mine_tokens(cfg: Config, kept: list[Group], learner, tokenizer) -> tuple[list[Group], dict[str, float]]:
+    """TLPO's token pairs of a step's rollouts, probed with the learner's current policy (`data.token_pairs`)."""
+    from lmrl.data.token_pairs import ModelProbe, TokenPairParams, mine_token_pairs
+
+    probe = ModelProbe(learner.model, learner.device, tokenizer.eos_token_id, cfg.rollout.temperature)
+    return mine_token_pairs(kept, probe, tokenizer, TokenPairParams.of(cfg.batches.params))
+
+
+@BATCH_SOURCES.register("token_pairs", "TLPO: the policy's own rollouts, each wrong-language span's first token e "
+                        "paired with the policy's best in-language alternative a+ (one-token completions after a "
+                        "shared prefix)", online=True, pairs=True, mines=mine_tokens)
+def token_pairs(cfg: Config, tokenizer, rows: list[dict], eval_rows: list[dict]) -> None:
+    """Made by the step loop, like `online_pairs`; `batches.params`: k, m, error, lang, lang_field, max_positions
+    (`data.token_pairs.TokenPairParams`)."""
     return None
 
 
@@ -322,6 +347,18 @@ def check_batches(cfg: Config) -> None:
         raise ConfigError(f"rollout.stream_chunks={cfg.rollout.stream_chunks}: {source} pairs the groups of a whole "
                           "step and its pairwise terms divide by the step's pairs, so the batch cannot be trained chunk "
                           "by chunk: use rollout.stream_chunks=1 (rollout.max_staleness runs it asynchronously)")
+    if spec.mines is not None:
+        from lmrl.data.token_pairs import TokenPairParams
+
+        try:
+            TokenPairParams.of(b.params)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(str(err)) from None
+        if cfg.rollout.max_staleness is not None:
+            raise ConfigError(f"{source} probes the policy being trained for its alternatives while it mines a "
+                              "step's rollouts, so it runs in the synchronous loop only: leave rollout.max_staleness "
+                              "unset")
+        return
     if spec.online and cfg.rollout.group_size < 2:
         raise ConfigError(f"{source} pairs the samples of each prompt: rollout.group_size must be >= 2")
     if spec.online:

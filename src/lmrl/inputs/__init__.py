@@ -10,5 +10,6 @@ import lmrl.inputs.pmi, lmrl.inputs.teacher  # noqa: F401,E401,E402  (register t
 import lmrl.inputs.teacher_model  # noqa: F401,E402  (registers the teacher_kl term and its teacher's provider)
 import lmrl.inputs.tree  # noqa: F401,E402  (registers the tree_nodes provider)
 import lmrl.inputs.mc_steps  # noqa: F401,E402  (registers the mc_step_values provider)
+import lmrl.inputs.stages  # noqa: F401,E402  (registers the stages provider)
 
 __all__ = ["PROVIDERS", "InputContext", "ProviderSpec", "provide", "provided_inputs", "requested_inputs"]

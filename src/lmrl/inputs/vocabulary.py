@@ -14,7 +14,8 @@ from typing import Iterable
 # provided value under the alias too when the alias is requested.
 ALIASES = {"components": "reward_components"}
 # Knobs of `algo.advantage_params` read by providers rather than by the estimator.
-INPUT_KNOBS = frozenset({"acoustic_component", "speech_id_range", "pmi_field"})
+INPUT_KNOBS = frozenset({"acoustic_component", "speech_id_range", "pmi_field",
+                         "stages", "scores_from", "format_penalty"})  # the last three: StructPO (inputs.stages)
 # Copied from the task row of each sample (every sample of a prompt carries its prompt's value).
 ROW_FIELD_INPUTS = frozenset({"peer_rewards", "perm_index", "prompt_variant"})
 # Filled by the training step itself, not by a provider: the learner's forward (`logp`, per-token

@@ -76,7 +76,7 @@ def collect_groups(s: Stages) -> tuple[list[Group], list[Group], dict[str, float
     metrics.update({"data/gen_batches": float(batches), "data/kept_groups": float(min(len(kept), prompts))})
     chosen, added = s.add_samples([g for f in kept[:prompts] for g in f], partial(source_rollout, s))
     metrics.update(added)
-    chosen, paired = step_pairs(s.cfg, chosen)
+    chosen, paired = step_pairs(s.cfg, chosen, s.learner, s.tokenizer)
     metrics.update(paired)
     return seen, chosen, metrics
 

@@ -17,9 +17,9 @@ import re
 import threading
 import unicodedata
 from collections.abc import Sequence
-from functools import lru_cache
 
 from lmrl.rewards.functions import REWARD_FNS, answers_match, extract_answer, last_number
+from lmrl.rewards.language_id import is_language
 from lmrl.types import Sample
 
 DEFAULT_ABSTAIN_PHRASES = ("i don't know", "i do not know", "i dont know", "i'm not sure", "i am not sure",
@@ -195,30 +195,16 @@ class TrivialityCorrectedReward(_Tokenized):
 
 # §1.9 MiLMMT language-ID gate -----------------------------------------------------------------
 
-@lru_cache(maxsize=8)
-def _identifier(languages: tuple[str, ...]):
-    from py3langid.langid import MODEL_FILE, LanguageIdentifier
-
-    ident = LanguageIdentifier.from_model_file(MODEL_FILE)
-    if languages:
-        ident.set_languages(list(languages))
-    return ident
-
-
-def detect_language(text: str, languages: Sequence[str] = ()) -> str:
-    """ISO 639-1 code of `text` (py3langid), optionally restricted to `languages`."""
-    return _identifier(tuple(languages)).classify(text)[0]
-
-
-@REWARD_FNS.register("language_match", "1 if the reply is in the target language (py3langid), else 0")
+@REWARD_FNS.register("language_match", "1 if the reply is in the target language (py3langid, or by Unicode script "
+                     "with identifier=script), else 0")
 def language_match(sample: Sample, lang: str | None = None, lang_field: str = "target_lang",
-                   languages: Sequence[str] = (), **_) -> float:
-    """The MiLMMT gate; with the `gated` aggregation it zeroes the quality scores of wrong-language replies."""
+                   languages: Sequence[str] = (), identifier: str = "py3langid", **_) -> float:
+    """The MiLMMT gate; with the `gated` aggregation it zeroes the quality scores of wrong-language replies.
+    `identifier` (rewards/language_id.py): py3langid (default) or script (deterministic, by Unicode script)."""
     target = lang or sample.row.get(lang_field)
     if not target:
         raise ValueError(f"language_match needs params.lang or a {lang_field!r} field in the row")
-    text = sample.text.strip()
-    return float(bool(text) and detect_language(text, languages) == target)
+    return float(is_language(sample.text.strip(), target, identifier, languages))
 
 
 # §1.10 Homura duration-ratio length reward ---------------------------------------------------
