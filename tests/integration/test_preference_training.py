@@ -37,7 +37,7 @@ def token_sources(monkeypatch):
     """This file's sources, registered for its tests only."""
     for table in ("_items", "_specs", "_docs"):
         monkeypatch.setattr(BATCH_SOURCES, table, dict(getattr(BATCH_SOURCES, table)))
-    BATCH_SOURCES.register("token_pairs", "token-id preference pairs", pairs=True)(pairs_of)
+    BATCH_SOURCES.register("token_id_pairs", "token-id preference pairs", pairs=True)(pairs_of)
     BATCH_SOURCES.register("token_unpaired", "token-id rows labelled desirable or not",
                            labels={"desirable"})(unpaired_of)
 
@@ -47,10 +47,10 @@ def pair_source(tmp_path, rows=8):
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps({"prompt": [1, 5 + i % 4], "chosen": [7, 9, 2][: 2 + i % 2],
                                         "rejected": [8, 10 + i % 3, 11, 2]}) + "\n" for i in range(rows)))
-    return {"source": "token_pairs", "dataset": str(data), "size": 4, "num_eval": 0}
+    return {"source": "token_id_pairs", "dataset": str(data), "size": 4, "num_eval": 0}
 
 
-def train_terms(tmp_path, terms, steps=8, source="token_pairs", **trainer):
+def train_terms(tmp_path, terms, steps=8, source="token_id_pairs", **trainer):
     cfg = toy_run_config(tmp_path, steps, batches={**pair_source(tmp_path), "source": source}, algo={"terms": terms},
                          trainer={"lr": 1e-2, **trainer})
     tok = make_tokenizer()
