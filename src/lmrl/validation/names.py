@@ -19,6 +19,7 @@ from lmrl.inputs.vocabulary import INPUT_KNOBS
 from lmrl.presets import PRESETS
 from lmrl.registry import KnobError, check_knobs
 from lmrl.rewards import GROUP_REWARD_FNS, REWARD_AGGREGATIONS, REWARD_FNS
+from lmrl.rewards.compute import owner_of
 from lmrl.trackers import check_trackers
 
 
@@ -59,9 +60,9 @@ def _reward_names(cfg: Config) -> None:
     names = [c.name for c in cfg.reward.components]
     if len(set(names)) != len(names):
         raise ConfigError(f"reward.components: each component may appear once (got {names})")
-    if cfg.reward.accuracy_component not in names:
+    if owner_of(cfg.reward.accuracy_component, names) is None:
         raise ConfigError(f"reward.accuracy_component={cfg.reward.accuracy_component!r} is not one of "
-                          f"reward.components ({', '.join(names)})")
+                          f"reward.components ({', '.join(names)}) nor a named part of one (`name/part`)")
 
 
 def _trackers(cfg: Config) -> None:
