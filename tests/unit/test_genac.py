@@ -1,4 +1,6 @@
-"""GenAC: the spec's critic reward and advantages, the critic's in-context rollouts, their checkpointed state."""
+"""GenAC: the spec's critic reward and advantages, the critic's in-context rollouts, their checkpointed state, its rows."""
+import json
+
 import pytest
 import torch
 
@@ -7,7 +9,9 @@ from lmrl.algos import ADVANTAGES
 from lmrl.config import ConfigError, RewardComponent, RewardConfig
 from lmrl.loading import build_config
 from lmrl.rewards import REWARD_FNS, RewardScorer
-from lmrl.rewards.genac import critic_reward, critic_rows, parse_value
+from lmrl.data.judge_rows import critic_rows_from_rollouts
+from lmrl.rewards.genac import critic_reward, parse_value
+from lmrl.task_files import main as task_files
 from lmrl.types import Group, Sample
 
 
@@ -118,14 +122,28 @@ def test_critic_side_reward_and_hostile_replies():
         fn(sample("Value: 0.5", success_rate=3))
 
 
-def test_critic_rows_show_the_previous_group_and_hide_their_target():
-    groups = [{"question": "Q1", "texts": ["a1", "b1"], "correct": [1, 0]},
-              {"question": "Q1", "texts": ["c1-secret", "d1-secret"], "correct": [1, 1]}]
-    rows = critic_rows(groups, k=4)
-    assert [r["success_rate"] for r in rows] == [0.5, 1.0]
+def recorded(step, texts, correct, question="Q1"):
+    return {"uid": f"{question}@{step}", "step": step, "question": question, "answer": "4",
+            "rollouts": [{"text": t, "rewards": {"answer": float(c)}, "reward": float(c)}
+                         for t, c in zip(texts, correct)]}
+
+
+def test_critic_rows_show_the_previous_group_and_hide_their_target(tmp_path):
+    records = [recorded(2, ["c1-secret", "d1-secret"], [1, 1]), recorded(1, ["a1", "b1"], [1, 0]),
+               {"step": 1, "question": "Q2", "rollouts": [{"text": "x", "rewards": {}}]}]
+    rows, skipped = critic_rows_from_rollouts(records, k=4)
+    assert [r["success_rate"] for r in rows] == [0.5, 1.0]  # in step order
     assert "(none yet)" in rows[0]["question"]
     assert "Attempt 1 (correct):\na1" in rows[1]["question"] and "Attempt 2 (wrong):\nb1" in rows[1]["question"]
     assert all("secret" not in r["question"] and "1.0" not in r["question"] for r in rows)
+    assert skipped == {"no rollout scored by 'answer'": 1}
+    source = tmp_path / "rollouts.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert task_files(["critic_rows", str(tmp_path / "rows.jsonl"), "--rollouts", str(source)]) == 0
+    written = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert written == rows
+    graded = REWARD_FNS.get("genac_critic")(sample("Value: 0.5", success_rate=written[1]["success_rate"]))
+    assert graded == pytest.approx(-0.25)
 
 
 def test_the_config_check_accepts_the_wiring_and_refuses_a_misspelt_knob():

@@ -9,7 +9,7 @@ in place of a value head. Confidence: low — reconstructed from the abstract.
   (`reward_state`, saved in checkpoints); an evaluation's groups are scored without being remembered.
 - `genac_critic` (per sample, critic side): the policy is the critic, its reply is scored −(v − r̄)² against
   the row's `success_rate` r̄ (the actor group's success rate); an unreadable or out-of-range v gets the
-  minimum, −1. Rows: `critic_rows`.
+  minimum, −1. Its rows: `python -m lmrl.task_files critic_rows` (`lmrl.data.judge_rows`).
 """
 from __future__ import annotations
 
@@ -121,24 +121,8 @@ def genac_critic(sample: Sample, target_field: str = "success_rate") -> float:
     target = sample.row.get(target_field)
     if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 <= target <= 1:
         raise ValueError(f"genac_critic: the task row's {target_field!r} must be the actor group's success rate in "
-                         f"[0, 1] (a row of lmrl.rewards.genac.critic_rows); got {target!r}")
+                         f"[0, 1] (a row of python -m lmrl.task_files critic_rows); got {target!r}")
     value = parse_value(sample.text)
     sample.info.setdefault("metrics", {})["genac_critic/unparsed"] = float(value is None)
     return critic_reward(value, float(target))
 
-
-def critic_rows(groups: list[dict], k: int = 4, max_chars: int = 400) -> list[dict]:
-    """Critic-training rows from recorded groups `{"question": x, "texts": [...], "correct": [...]}` in the order
-    they were rolled out: each row's prompt shows the K rollouts of the prompt's previous group (none for its first)
-    and its `success_rate` is this group's share correct, which the prompt never shows."""
-    previous: dict[str, list[tuple[str, bool]]] = {}
-    rows = []
-    for group in groups:
-        problem, correct = group["question"], [bool(c) for c in group["correct"]]
-        if not correct:
-            continue
-        recent = previous.get(problem, [])[-k:] if k else []
-        rows.append({"question": critic_prompt(problem, "", recent, max_chars), "answer": "",
-                     "success_rate": sum(correct) / len(correct)})
-        previous[problem] = list(zip(group["texts"], correct))
-    return rows
