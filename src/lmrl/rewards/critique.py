@@ -83,8 +83,8 @@ def consistency_parts(reply: CritiquedReply, correct: bool, lam: float = 0.5, ag
     return {"consistency": lam * (1.0 if agree else (-1.0 if signed else 0.0)), "format": 0.0}
 
 
-@REWARD_FNS.register("critique_consistency", "STC: lambda x 1[no step flagged == answer correct] for replies that "
-                     "critique each step (parts consistency and format; -1 format when a step lacks its critique)")
+@REWARD_FNS.register("critique_consistency", "STC: lambda x (the critiques agree with whether the answer is right), "
+                     "for replies that critique each step; parts consistency, format (-1: a step lacks its critique)")
 def critique_consistency(sample: Sample, lam: float = 0.5, aggregate: str = "product", signed: bool = False,
                          accuracy: str = "answer") -> dict[str, float]:
     """STC reward parts; z is `sample.rewards[accuracy]` >= 1 (list this component after the grader).
