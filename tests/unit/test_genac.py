@@ -153,3 +153,13 @@ def test_the_config_check_accepts_the_wiring_and_refuses_a_misspelt_knob():
     tree["algo"]["advantage_params"] = {"value_componnt": "genac_value"}
     with pytest.raises(ConfigError, match="value_component"):
         build_config(tree)
+
+
+def test_the_grader_must_come_first():
+    critic = ScriptedJudge(lambda prompt, _: "Value: 0.5")
+    alone = RewardScorer(RewardConfig(components=[RewardComponent(name="genac_value", params={"critic": critic})],
+                                      accuracy_component="genac_value"), report=lambda message: None)
+    g = group(["Answer: 4"])
+    alone.score([g])
+    assert "list it before genac_value" in g.samples[0].info["reward_errors"]["genac_value"]
+    assert critic.calls == []  # refused before the critic is asked

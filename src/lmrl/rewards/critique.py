@@ -93,9 +93,9 @@ def critique_consistency(sample: Sample, lam: float = 0.5, aggregate: str = "pro
         raise ValueError(f"critique_consistency: aggregate must be product or last (got {aggregate!r})")
     correct = accuracy_verdict(sample, accuracy)
     if correct is None:
-        raise ValueError(f"critique_consistency reads the verdict of the reward component {accuracy!r}, which has "
-                         f"not scored this sample: list {accuracy!r} before critique_consistency in "
-                         "reward.components (or set its `accuracy` param to the grader's name)")
+        raise ValueError(f"critique_consistency reads the verdict of the reward component {accuracy!r}, which gave "
+                         f"none on this sample: list {accuracy!r} before critique_consistency in reward.components "
+                         "(or set its `accuracy` param to the grader's name); if it is listed first, it failed here")
     return consistency_parts(parse_critiqued_steps(sample.text), correct, lam, aggregate, signed)
 
 

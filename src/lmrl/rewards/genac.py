@@ -92,15 +92,16 @@ class GenerativeCriticValue:
 
     def __call__(self, samples: list[Sample]) -> list[float]:
         outcomes = [accuracy_verdict(s, self.accuracy) for s in samples]
-        if any(o is None for o in outcomes):
+        if all(o is None for o in outcomes):
             raise ValueError(f"genac_value reads the verdicts of the reward component {self.accuracy!r}: list it "
-                             "before genac_value in reward.components (or set the `accuracy` param)")
+                             "before genac_value in reward.components (or set the `accuracy` param); if it is "
+                             "listed first, it failed on every sample of this group")
         problem = prompt_text(samples[0], self.prompt_field)
         v = self.value(problem)
         if not self.held_out and self.k:
             with self.lock:
                 memory = self.recent.setdefault(problem, deque(maxlen=self.k))
-                memory.extend((s.text, bool(o)) for s, o in zip(samples, outcomes))
+                memory.extend((s.text, o) for s, o in zip(samples, outcomes) if o is not None)  # graded ones only
         return [v] * len(samples)
 
     def reward_state(self) -> dict:
