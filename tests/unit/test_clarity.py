@@ -1,4 +1,6 @@
 """CLARity rewards: the spec's four values with a scripted judge, the judge's retry rule, hostile replies, the task."""
+import re
+
 import pytest
 
 from conftest import ScriptedJudge
@@ -99,7 +101,17 @@ def test_answer_sets_and_hostile_answers():
 
 
 def test_the_shipped_mcq_task():
-    data = TASKS.get("mcq_arithmetic")(TaskConfig(name="mcq_arithmetic"))
+    data = TASKS.get("jsonl")(TaskConfig(name="jsonl", dataset="mcq_arithmetic.jsonl"))
     rows = data.train + data.eval
     assert len(rows) == 30 and len(data.eval) == 3
     assert all(r["answer"] in "ABCDE" and len(r["answer"]) == 1 and "E: " in r["question"] for r in rows)
+    monitor_reward = REWARD_FNS.get("clarity_monitor")(judge=judge_says("{A}"))
+    for r in rows:  # the gold letter names the right value, and only a reply giving it scores
+        a, op, b = re.match(r"What is (\d+) ([+-]) (\d+)\?", r["question"]).groups()
+        options = dict(re.findall(r"^([A-E]): (-?\d+)$", r["question"], re.M))
+        assert int(options[r["answer"]]) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+        assert len(set(options.values())) == 5
+        for letter in "ABCDE":
+            reply = Sample(prompt_ids=[1], completion_ids=[0], behaviour_logprobs=[0.0], row=r,
+                           text=f"<think>{WALK}\n\nSo {letter}.</think><answer>{{{letter}}}</answer>")
+            assert monitor_reward(reply)["accuracy"] == float(letter == r["answer"])

@@ -9,7 +9,7 @@ from lmrl.envs.attribution import delayed_attribution
 import lmrl.envs.humaneval  # noqa: F401,E402  (registers the humaneval task)
 import lmrl.envs.tools, lmrl.envs.bandit, lmrl.envs.guessing, lmrl.envs.revise  # noqa: F401,E401,E402  (registers the environments)
 import lmrl.envs.search, lmrl.envs.negotiation, lmrl.envs.textarena_adapter, lmrl.envs.code_interpreter, lmrl.envs.gaming_probe  # noqa: F401,E401,E402
-import lmrl.envs.sales, lmrl.envs.doctor, lmrl.envs.mcq  # noqa: F401,E401,E402
+import lmrl.envs.sales, lmrl.envs.doctor  # noqa: F401,E401,E402
 from lmrl.envs.controllers import ROLLOUT_CONTROLLERS  # noqa: E402
 import lmrl.envs.dual_track  # noqa: F401,E402  (registers the dual-track controller)
 import lmrl.envs.rail_rollout  # noqa: F401,E402  (registers the RAIL controller)
