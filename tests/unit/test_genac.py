@@ -163,3 +163,18 @@ def test_the_grader_must_come_first():
     alone.score([g])
     assert "list it before genac_value" in g.samples[0].info["reward_errors"]["genac_value"]
     assert critic.calls == []  # refused before the critic is asked
+
+
+def test_the_algorithm_hands_the_estimator_the_component_names():
+    from types import SimpleNamespace
+
+    from lmrl.algos.gather import gather, optional_inputs
+
+    fn = ADVANTAGES.get("genac")
+    required = ADVANTAGES.spec("genac").requires
+    batch = SimpleNamespace(context={"reward_component_names": ["answer", "genac_value"]},
+                            row_extras={"reward_components": torch.tensor([[1.0, 0.25]])}, extras={})
+    inputs = {**optional_inputs(fn, required, batch, {}), **gather(required, batch)}
+    assert set(inputs) == {"reward_components", "reward_component_names"}
+    adv = fn(torch.tensor([[0.0, 1.0]]), torch.zeros(1, dtype=torch.long), torch.ones(1, 2), **inputs)
+    assert adv.tolist() == [[0.75, 0.75]]
