@@ -112,10 +112,11 @@ def test_critic_side_reward_and_hostile_replies():
     fn = REWARD_FNS.get("genac_critic")
     assert fn(sample("I think.\nValue: 0.7", success_rate=0.75)) == pytest.approx(-0.0025)
     assert fn(sample("Value: 0.9 ... no, Value: 0.75", success_rate=0.75)) == 0.0  # the last value counts
-    for reply in ["Value: 1.5", "Value: -0.1", "probably high", ""]:
+    for reply in ["Value: 1.5", "Value: -0.1", "probably high", "", "Value: 1e-1", "Value: nan", "Value: 0.7.5"]:
         s = sample(reply, success_rate=0.75)
         assert fn(s) == -1.0 and s.info["metrics"]["genac_critic/unparsed"] == 1.0
     assert parse_value("<think>Value: 0.1</think>Value: 0.3") == 0.3
+    assert parse_value("So my estimate: Value: **0.70**.") == 0.7
     with pytest.raises(ValueError, match="success_rate"):
         fn(sample("Value: 0.5"))
     with pytest.raises(ValueError, match="success_rate"):

@@ -24,7 +24,8 @@ from lmrl.rewards.judge_client import JudgeResponseError, strip_reasoning
 from lmrl.rewards.judges import make_judge, prompt_text
 from lmrl.types import Sample
 
-VALUE = re.compile(r"value\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+# a plain decimal: "0.7", "1", "0.70."; "1e-1" or "0.7.5" is no value (read as 1 or 0.7 it would be wrong)
+VALUE = re.compile(r"value\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)(?![\deE]|\.\d)", re.IGNORECASE)
 MIN_CRITIC_REWARD = -1.0  # −(v − r̄)² with v, r̄ in [0, 1] is never below −1
 
 CRITIC_PROMPT = (
