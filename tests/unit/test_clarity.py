@@ -4,7 +4,7 @@ import re
 import pytest
 
 from conftest import ScriptedJudge
-from lmrl.config import RewardComponent, RewardConfig, TaskConfig
+from lmrl.config import ConfigError, RewardComponent, RewardConfig, TaskConfig
 from lmrl.envs import TASKS
 from lmrl.rewards import REWARD_FNS, RewardScorer
 from lmrl.rewards.clarity import answer_letters, gold_letters, reasoning_without_conclusion
@@ -86,6 +86,14 @@ def test_a_failing_judge_excludes_the_sample_loudly():
         raise JudgeError("judge http://x failed after 1 attempt(s): connection failed")
     s = monitor(GOOD, ScriptedJudge(down))
     assert s.excluded is not None and "clarity_monitor" in s.info["reward_errors"]
+
+
+def test_a_misspelt_accuracy_part_is_an_error_not_zero_accuracy():
+    cfg = RewardConfig(components=[RewardComponent(name="clarity_monitor", params={"judge": judge_says("{B}")})],
+                       accuracy_component="clarity_monitor/acuracy")
+    s = sample(GOOD)
+    with pytest.raises(ConfigError, match=r"returns the parts \['clarity_monitor/accuracy', "):
+        RewardScorer(cfg).score([Group(uid="g", row=s.row, samples=[s])])
 
 
 def test_answer_sets_and_hostile_answers():
