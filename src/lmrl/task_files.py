@@ -8,6 +8,7 @@
         [--reward-range 0 1] [--seed 0]
     python -m lmrl.task_files judge_rows OUT.jsonl --pairs PAIRS.jsonl [--chosen-score 7] [--rejected-score 3]
     python -m lmrl.task_files rubric_rows OUT.jsonl --current RUN/rollouts.jsonl [--earlier RUN0/rollouts.jsonl]
+    python -m lmrl.task_files critic_rows OUT.jsonl --rollouts RUN/rollouts.jsonl [--accuracy answer] [--k 4]
     python -m lmrl.task_files steps RECIPE OUT.jsonl [overrides] [--model PATH] [--prompts N] [--solutions 4]
         [--k 4] [--separator '\\n'] [--max-steps S] [--hard]
 
@@ -22,7 +23,8 @@ one JSON line per training row (`steps`: per solution).
 `judge_rows`: GRRM judge prompts over a run's recorded groups (or preference pairs) with their
 reference scores, for the `grrm_judge` recipe; `rubric_rows`: EVOLM's rubric-writing prompts with a
 newer and an older reply of each prompt, for the `evolm_generator` recipe (lmrl.data.judge_rows,
-docs/stages/judges.md). These read files only; no model loads.
+docs/stages/judges.md); `critic_rows`: GenAC critic prompts over each recorded group's prompt and the previous
+group's rollouts, with the group's success rate as the `genac_critic` target (docs/methods/genac.md). These read files only; no model loads.
 """
 from __future__ import annotations
 
@@ -179,6 +181,17 @@ def rubric_rows(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     return _written(p, a.out, rows, skipped, "rubric rows", "no prompt has a newer and an older reply")
 
 
+def critic_rows(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    from lmrl.data.judge_rows import critic_rows_from_rollouts
+    from lmrl.envs.tasks import TaskError
+
+    try:
+        rows, skipped = critic_rows_from_rollouts(_records(p, a.rollouts, "--rollouts"), a.accuracy, a.k)
+    except (TaskError, ValueError) as err:
+        p.error(str(err))
+    return _written(p, a.out, rows, skipped, "critic rows", "no recorded group was graded")
+
+
 def steps(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     from lmrl.data.step_labels import label_steps, step_grader
 
@@ -251,6 +264,12 @@ def parser() -> argparse.ArgumentParser:
                                                  "its first step against its last)")
     ru.add_argument("--seed", type=int, default=0, help="the choice among a step's replies")
     ru.set_defaults(fn=rubric_rows, sub=ru)
+    cr = sub.add_parser("critic_rows", help="GenAC critic prompts with the actor group's success rate (genac_critic)")
+    cr.add_argument("out", type=Path)
+    cr.add_argument("--rollouts", type=Path, required=True, help="a run's RUN/rollouts.jsonl (run.save_rollouts=true)")
+    cr.add_argument("--accuracy", default="answer", help="the reward component whose >= 1 counts as a success")
+    cr.add_argument("--k", type=int, default=4, help="recent rollouts of the prompt shown to the critic")
+    cr.set_defaults(fn=critic_rows, sub=cr)
     st = sub.add_parser("steps", help="Math-Shepherd step labels of the policy's solutions (a PRM dataset)")
     st.add_argument("recipe")
     st.add_argument("out", type=Path)

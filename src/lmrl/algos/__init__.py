@@ -7,6 +7,7 @@ from lmrl.algos import controllers, credit_assignment, critic, entropy_control  
 from lmrl.algos import multi_reward, rollout_correction, soft_clipping  # noqa: F401  (registration)
 from lmrl.algos import mc_step, preference, process_reward, regen, tree_credit  # noqa: F401  (registration)
 from lmrl.algos import structured_credit, token_level  # noqa: F401  (registration)
+from lmrl.algos import generative_critic  # noqa: F401  (registration)
 from lmrl.algos.advantages import ADVANTAGES
 from lmrl.algos.aggregation import AGGREGATIONS, AggScale
 from lmrl.algos.algorithm import Algorithm

@@ -14,6 +14,11 @@ EVOLM rubric rows (`rubric_rows`): temporal contrast, one row per prompt both fi
 asks for a rubric (`judge_self_rubric`'s rubric prompt), `chosen` is y⁺, a recorded reply of the newest
 step of the current file, `rejected` is y⁻, one of the oldest step of the earlier file (the same file
 twice: its first step against its last), read by the `evolm_generator` reward.
+
+GenAC critic rows (`critic_rows_from_rollouts`, confidence low): one row per recorded group, in the order of
+the steps; `question` is the critic prompt (`lmrl.rewards.genac.critic_prompt`) over the prompt and the K
+rollouts of that prompt's previous recorded group with their outcomes, `success_rate` this group's share of
+replies the accuracy component scored correct (>= 1), read by the `genac_critic` reward, never shown.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from typing import Any
 
 from lmrl.data.sft import implicit_prompt, is_chat
 from lmrl.envs.tasks import TaskError
+from lmrl.rewards.genac import critic_prompt
 from lmrl.rewards.judges import LETTERS, MAKE_RUBRIC, grrm_prompt
 
 
@@ -161,4 +167,31 @@ def rubric_rows(current: list[dict], earlier: list[dict], seed: int = 0, one_run
         rows.append({"question": template.format(prompt=prompt), "answer": "", "prompt": prompt, "chosen": chosen,
                      "rejected": rejected, "chosen_step": new_step, "rejected_step": old_step,
                      "uid": f"rubric-{len(rows)}"})
+    return rows, skipped
+
+
+def critic_rows_from_rollouts(records: list[dict], accuracy: str = "answer", k: int = 4,
+                              max_chars: int = 400) -> tuple[list[dict], Counter]:
+    """GenAC critic rows from a run's `rollouts.jsonl` records; the reasons groups were skipped (no rollout the
+    accuracy component scored)."""
+    if k < 0:
+        raise ValueError(f"k must be >= 0 (got {k})")
+    rows, skipped, previous = [], Counter(), {}
+    ordered = sorted(enumerate(records), key=lambda item: (item[1].get("step", 0) if isinstance(item[1], dict)
+                                                           else 0, item[0]))
+    for i, record in ordered:
+        where = f"record {i}"
+        if not isinstance(record, dict) or not isinstance(record.get("rollouts"), list):
+            raise TaskError(f"{where} has no 'rollouts' list (a run's rollouts.jsonl, written with "
+                            "run.save_rollouts=true)")
+        graded = [(r.get("text", ""), r["rewards"][accuracy] >= 1.0) for r in record["rollouts"]
+                  if accuracy in (r.get("rewards") or {})]
+        if not graded:
+            skipped[f"no rollout scored by {accuracy!r}"] += 1
+            continue
+        problem = _prompt_of(record, where)
+        recent = previous.get(problem, [])[-k:] if k else []
+        rows.append({"uid": f"critic-{record.get('uid', i)}", "question": critic_prompt(problem, "", recent, max_chars),
+                     "answer": "", "success_rate": sum(ok for _, ok in graded) / len(graded)})
+        previous[problem] = graded
     return rows, skipped

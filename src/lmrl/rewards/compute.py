@@ -289,6 +289,7 @@ class RewardScorer:
                                else (self._score_sample(comp, x) for x in live))
                     for sample, (values, problem) in zip(live, results):
                         self._record(comp, sample, values, problem, reasons)
+            self._check_accuracy_part(group.samples)
             valid = [s for s in group.samples if s.excluded is None]
             if not valid:
                 continue
@@ -303,6 +304,18 @@ class RewardScorer:
         metrics.update({f"reward_errors/{k}": float(v) for k, v in reasons.items()})
         metrics.update(self._error_shares([s for g in groups for s in g.samples]))
         return metrics
+
+    def _check_accuracy_part(self, samples: list[Sample]) -> None:
+        """A `name/part` accuracy component that its component does not return is a config error, not a silent
+        accuracy of 0."""
+        key, owner = self.cfg.accuracy_component, self.grader
+        if owner is None or key == owner.name:
+            return
+        for sample in samples:
+            parts = sorted(k for k in sample.rewards if k.startswith(owner.name + "/"))
+            if parts and key not in sample.rewards:
+                raise ConfigError(f"reward.accuracy_component={key!r}: the component {owner.name!r} returns the "
+                                  f"parts {parts}, not this one; name one of them")
 
     def _error_shares(self, samples: list[Sample]) -> dict[str, float]:
         """`reward_error_share`: the share of samples on which some component raised, timed out or

@@ -62,7 +62,7 @@ def _reward_names(cfg: Config) -> None:
         raise ConfigError(f"reward.components: each component may appear once (got {names})")
     if owner_of(cfg.reward.accuracy_component, names) is None:
         raise ConfigError(f"reward.accuracy_component={cfg.reward.accuracy_component!r} is not one of "
-                          f"reward.components ({', '.join(names)}) nor a named part of one (name/part)")
+                          f"reward.components ({', '.join(names)}) nor a named part of one (`name/part`)")
 
 
 def _trackers(cfg: Config) -> None:
