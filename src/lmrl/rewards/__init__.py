@@ -13,6 +13,7 @@ import lmrl.rewards.structured, lmrl.rewards.constraints, lmrl.rewards.finance  
 import lmrl.rewards.translation, lmrl.rewards.retrieval  # noqa: F401,E401,E402  (register translation, retrieval)
 import lmrl.rewards.stages  # noqa: F401,E402  (registers structpo_rules)
 import lmrl.rewards.critique, lmrl.rewards.clarity, lmrl.rewards.genac  # noqa: F401,E401,E402  (STC, CLARity, GenAC)
+import lmrl.rewards.web_page  # noqa: F401,E402  (registers web_page)
 
 __all__ = ["GROUP_REWARD_FNS", "REWARD_AGGREGATIONS", "REWARD_FNS", "RewardScorer", "answers_match",
            "extract_answer", "find_component"]

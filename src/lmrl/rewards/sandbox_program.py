@@ -50,10 +50,10 @@ def _containment(user: str | None) -> sandbox.Containment:
 
 
 def _rlimits(box: sandbox.Containment, timeout_s: float, memory_mb: int, file_size_mb: int, max_processes: int,
-             max_open_files: int) -> list[str]:
+             max_open_files: int, memory_limit: str = "as") -> list[str]:
     nproc = max_processes + box.helpers if box.helpers is not None else \
         sandbox._count_tasks(box.uid) + max_processes + 1
-    limits = {"cpu": int(-(-timeout_s // 1)), "as": memory_mb << 20, "fsize": file_size_mb << 20,
+    limits = {"cpu": int(-(-timeout_s // 1)), memory_limit: memory_mb << 20, "fsize": file_size_mb << 20,
               "nofile": max_open_files, "core": 0, "nproc": nproc}
     return [f"--{name}={value}:{value}" for name, value in limits.items()]
 
@@ -61,11 +61,15 @@ def _rlimits(box: sandbox.Containment, timeout_s: float, memory_mb: int, file_si
 def run_program(argv: list[str], tools: tuple[str, ...], stdin: str = "", files: dict[str, str] | None = None,
                 output_dir: str | None = None, timeout_s: float = 5.0, memory_mb: int = 512, file_size_mb: int = 16,
                 max_processes: int = 4, max_open_files: int = 64, max_output_bytes: int = 1_000_000,
-                user: str | None = "nobody") -> sandbox.SandboxResult:
+                user: str | None = "nobody", memory_limit: str = "as"
+                ) -> sandbox.SandboxResult:
     """Run `argv` (its program among `tools`, or a file of `files`) in a fresh sandbox: `tools` are the host
     paths the root holds besides the shared libraries; `files` {host path: name in the working directory},
     read-only; `output_dir` a host directory bound read-write at `OUTPUT_DIR`; `max_processes` counts
-    processes and threads."""
+    processes and threads; `memory_limit`: the rlimit `memory_mb` sets, "as" (address space) or "data" (a
+    program that reserves more address space than it uses: Chromium's allocator reserves tens of GB)."""
+    if memory_limit not in ("as", "data"):
+        raise ValueError(f"sandbox: memory_limit is 'as' or 'data', not {memory_limit!r}")
     if timeout_s <= 0 or memory_mb <= 0 or file_size_mb < 0 or max_processes < 1 or max_output_bytes < 1:
         raise ValueError("sandbox limits must be positive (timeout_s, memory_mb, max_processes, max_output_bytes)")
     box = _containment(user)
@@ -79,7 +83,7 @@ def run_program(argv: list[str], tools: tuple[str, ...], stdin: str = "", files:
         raise RuntimeError("sandbox: prlimit (util-linux) is not installed")
     prefix = sandbox_root.root_command(view, box.identity, file_size_mb, extra, box.user_namespace_inside,
                                        tools=(os.path.realpath(prlimit),), writable=writable)
-    limits = _rlimits(box, timeout_s, memory_mb, file_size_mb, max_processes, max_open_files)
+    limits = _rlimits(box, timeout_s, memory_mb, file_size_mb, max_processes, max_open_files, memory_limit)
     environment = {"PATH": "/usr/bin:/bin", "HOME": sandbox_root.WORKDIR, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
     start = time.monotonic()
     read_fd, write_fd = os.pipe()
