@@ -4,6 +4,7 @@ The rendered pages (Chromium in the sandbox, ~4 s each) are rendered once, two a
 the tests read their verdicts. The hostile page reports what its own probes got into its DOM, so "blocked" there
 shows that each probe ran and failed.
 """
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from unittest import mock
@@ -11,8 +12,9 @@ from unittest import mock
 import pytest
 
 from lmrl.rewards import REWARD_FNS, web_page_render
-from lmrl.rewards.web_page_checks import extract_html, read_checks
-from lmrl.rewards.web_page_render import measuring_copy, read_counts, render
+from lmrl.rewards.sandbox_program import run_program
+from lmrl.rewards.web_page_checks import extract_html, parse, read_checks
+from lmrl.rewards.web_page_render import CHROMIUM, FLAGS, FONTS, measuring_copy, read_counts, render
 from lmrl.types import Sample
 
 CHECKS = [{"selector": "nav a", "min": 3}, {"selector": "h1", "text": "Pricing", "visible": True},
@@ -73,7 +75,8 @@ def score(text: str, timeout_s: float = 20.0, **params) -> tuple[float, dict, fl
     s = sample(text)
     start = time.monotonic()
     reward = REWARD_FNS.get("web_page")(s, render_timeout_s=timeout_s, **params)
-    return reward, s.info["web_page"], time.monotonic() - start, DOMS.get(extract_html(text), "")
+    seconds = time.monotonic() - start
+    return reward, s.info["web_page"], seconds, DOMS.get(extract_html(text), "") if s.info["web_page"]["stage"] == 2 else ""
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +88,17 @@ def rendered():
     two_blocks = fenced(HOSTILE.replace("Pricing", "Prices")) + "And the final version:\n" + fenced(GOOD)
     with mock.patch.object(web_page_render, "render", side_effect=keep_dom), ThreadPoolExecutor(2) as pool:
         first = pool.submit(lambda: [score(fenced(HOSTILE)), score(two_blocks)])
-        second = pool.submit(lambda: [score(fenced(LOOP), timeout_s=4.0), score(fenced(HOG))])
-        (hostile, good), (loop, hog) = first.result(), second.result()
-    return {"hostile": hostile, "good": good, "loop": loop, "hog": hog}
+        second = pool.submit(lambda: [score(fenced(LOOP), timeout_s=4.0), score(fenced(HOG)), root_listing()])
+        (hostile, good), (loop, hog, listing) = first.result(), second.result()
+    return {"hostile": hostile, "good": good, "loop": loop, "hog": hog, "root_listing": listing}
+
+
+def root_listing() -> set[str]:
+    """The names Chromium's listing of file:/// shows inside the render sandbox."""
+    argv = [CHROMIUM, *FLAGS, "--virtual-time-budget=500", "--dump-dom", "file:///"]
+    result = run_program(argv, (CHROMIUM, *FONTS), timeout_s=20, memory_mb=1024, memory_limit="data",
+                         max_processes=256, max_open_files=1024)
+    return set(re.findall(r'addRow\("([^"]+)"', result.stdout))
 
 
 def test_a_correct_page_scores_one_through_both_stages_and_only_the_last_block_counts(rendered):
@@ -112,14 +123,21 @@ def test_forged_verdicts_in_the_dom_and_the_console_are_ignored(rendered):
     assert reward < 1.0 and verdict["rendered_passed"] == 3  # not the 4 the page printed
 
 
-def test_the_page_reaches_no_network_no_host_file_and_no_proc(rendered, tmp_path):
-    _, verdict, _, _ = rendered["hostile"]
-    assert verdict["render_status"] == "ok"
+def test_the_page_reaches_no_network_no_host_file_and_no_proc(rendered):
+    probes = parse(rendered["hostile"][3]).select("#probes li")
+    assert [li["data-url"] for li in probes] == PROBES  # every probe ran
+    assert [li.get_text() for li in probes] == ["blocked"] * len(PROBES)
+
+
+def test_the_render_root_holds_no_host_directory(rendered):
+    names = rendered["root_listing"]
+    assert {"usr", "sandbox", "proc"} <= names
+    assert not names & {"work", "root", "home", "opt", "var"}
 
 
 def test_state_written_by_one_page_is_gone_in_the_next(rendered):
-    _, verdict, _, _ = rendered["good"]
-    assert verdict["render_status"] == "ok"
+    assert parse(rendered["hostile"][3]).select_one("#store").get_text() == "wrote:from an earlier page"
+    assert parse(rendered["good"][3]).select_one("#state").get_text() == "fresh"  # rendered after it
 
 
 def test_an_endless_script_times_out_to_zero_render_credit_without_hanging(rendered):
@@ -129,6 +147,67 @@ def test_an_endless_script_times_out_to_zero_render_credit_without_hanging(rende
 
 
 def test_a_page_allocating_without_bound_stays_under_the_memory_limit(rendered):
-    reward, verdict, seconds, _ = rendered["hog"]
-    assert seconds < 20
-    assert verdict["render_status"] in ("ok", "crashed")
+    reward, verdict, seconds, dom = rendered["hog"]
+    assert seconds < 20 and verdict["render_status"] == "ok"
+    held_mb = int(parse(dom).select_one("#got").get_text())
+    assert 0 < held_mb < 1024  # the data-segment limit (memory_mb=1024) stopped it
+    assert reward == 1.0  # the page itself is correct once its allocation fails
+
+
+def test_a_reply_over_the_size_cap_scores_zero_before_anything_is_parsed():
+    huge = fenced(GOOD.replace("<p id=\"state\">", "<p>" + "x" * (50 << 20) + "</p><p id=\"state\">"))
+    reward, verdict, seconds, _ = score(huge)
+    assert reward == 0.0 and verdict["stage"] == 0 and "max_bytes" in verdict["reason"]
+    assert seconds < 2.0
+
+
+def test_text_drawn_only_as_an_image_fails_the_text_check_and_is_never_rendered():
+    pixel = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+    page = GOOD.replace('<h1 class="title">Pricing</h1>', f'<h1><img src="{pixel}" alt=""></h1>')
+    with mock.patch.object(web_page_render, "render", side_effect=AssertionError("rendered")):
+        reward, verdict, _, _ = score(fenced(page))
+    assert verdict["stage"] == 1 and verdict["static"] == [True, False, True, True]
+    assert reward == pytest.approx(0.5 * 3 / 4)
+
+
+def test_render_false_is_the_static_stage_alone_and_needs_no_chromium(monkeypatch):
+    monkeypatch.setattr(web_page_render, "CHROMIUM", "/nonexistent/chromium")
+    with pytest.raises(RuntimeError, match="apt-get install chromium"):
+        score(fenced(GOOD))
+    assert score(fenced(GOOD), render=False)[0] == 1.0
+    assert score(fenced(GOOD.replace("<nav>", "<nav><!--").replace("</nav>", "--></nav>")), render=False)[0] == 0.75
+
+
+def test_the_last_html_block_counts_and_a_bare_document_is_taken_whole():
+    assert extract_html("```html\n<p>one</p>\n```\ntext\n```html\n<p>two</p>\n```") == "<p>two</p>\n"
+    assert extract_html("```python\nprint()\n```") is None
+    assert extract_html("  <!DOCTYPE html><html></html>").startswith("  <!DOCTYPE")
+    assert extract_html("I would write <html> here") is None
+    reward, verdict, _, _ = score("No page today.")
+    assert reward == 0.0 and verdict["stage"] == 0
+
+
+def test_malformed_checks_raise_with_the_fix():
+    for bad, message in [([], "non-empty list"), ([{"min": 2}], "selector"), ([{"selector": "a", "min": -1}], "min"),
+                         ([{"selector": "a[", "min": 1}], "not valid CSS"), ([{"selector": "a", "colour": 1}], "unknown"),
+                         ("not json", "not JSON")]:
+        with pytest.raises(ValueError, match=message):
+            read_checks(bad)
+    assert read_checks('[{"selector": "h1", "text": "  Big   Sale "}]')[0].text == "big sale"
+
+
+def test_only_one_console_line_with_the_nonce_and_the_right_count_is_read():
+    nonce = "ab" * 16
+    line = '[1:1:0/0:INFO:CONSOLE:3] "{} {}", source: file:///sandbox/page.html (3)'
+    assert read_counts(line.format(nonce, "2,0"), nonce, 2) == [2, 0]
+    assert read_counts(line.format("cd" * 16, "2,0"), nonce, 2) is None  # a page's guess of the nonce
+    assert read_counts(line.format(nonce, "2,0") + "\n" + line.format(nonce, "5,5"), nonce, 2) is None
+    assert read_counts(line.format(nonce, "2"), nonce, 2) is None
+    assert read_counts('"{} 2,0"'.format(nonce), nonce, 2) is None  # not a console line of Chromium's
+
+
+def test_the_measuring_script_goes_first_after_the_doctype_and_escapes_selectors():
+    checks = read_checks([{"selector": "h1", "text": "</script><b>", "visible": True}])
+    copy = measuring_copy("<!DOCTYPE html><html><body><script>page()</script></body></html>", checks, "n0nce")
+    assert copy.startswith("<!DOCTYPE html><script>(function")
+    assert copy.index("n0nce") < copy.index("page()") and copy.count("</script>") == 2
