@@ -26,6 +26,15 @@ if [ -n "$missing" ]; then
     echo "setup: install$missing (e.g. sudo apt-get install$missing) for the program_tests reward" >&2
   fi
 fi
+# headless Chromium renders the pages of the web_page reward (docs/rewards/web_page.md); `render: false` does without
+if ! [ -x /usr/lib/chromium/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; } \
+      || echo "setup: could not install chromium; web_page can only run its static checks (render: false)" >&2
+  else
+    echo "setup: install chromium (e.g. sudo apt-get install chromium) for the web_page reward's render stage" >&2
+  fi
+fi
 python3 -m venv .venv
 . .venv/bin/activate
 pip install -q --upgrade pip

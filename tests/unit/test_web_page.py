@@ -4,6 +4,7 @@ The rendered pages (Chromium in the sandbox, ~4 s each) are rendered once, two a
 the tests read their verdicts. The hostile page reports what its own probes got into its DOM, so "blocked" there
 shows that each probe ran and failed.
 """
+import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +12,9 @@ from unittest import mock
 
 import pytest
 
+from lmrl.envs.tasks import load_task
+from lmrl.loading import load_recipe
+from lmrl.recipe_files import SHIPPED_DATA
 from lmrl.rewards import REWARD_FNS, web_page_render
 from lmrl.rewards.sandbox_program import run_program
 from lmrl.rewards.web_page_checks import extract_html, parse, read_checks
@@ -22,13 +26,14 @@ CHECKS = [{"selector": "nav a", "min": 3}, {"selector": "h1", "text": "Pricing",
 BODY = """<nav><a href="#a">Home</a><a href="#b">Plans</a><a href="#c">Contact</a></nav>
 <h1 class="title">Pricing</h1><form><input type="email" name="email"><button>Join</button></form>"""
 GOOD = f"""<!doctype html><html><head><title>Plans</title><style>body{{background:#f4f0e8;font:18px sans-serif}}
-h1{{color:#123}}</style></head><body>{BODY}<p id="state"></p>
-<script>document.getElementById("state").textContent = localStorage.getItem("kept") || "fresh";</script></body></html>"""
+h1{{color:#123}}</style></head><body>{BODY}<p id="state"></p><script>
+document.getElementById("state").textContent = localStorage.getItem("kept") || "fresh";</script></body></html>"""
 PROBES = ["http://example.com/", "http://127.0.0.1:8000/", "file:///etc/passwd", "file:///work/main/pyproject.toml",
           "file:///proc/self/environ", "file:///proc/1/cmdline", "page.html"]
 HOSTILE = f"""<!doctype html><html><head><title>x</title><style>html,body{{background:#fff;color:#fff}}
 .title{{display:none}} a,input,button{{visibility:hidden}}</style></head><body>{BODY}
-<ul id="probes"></ul><p id="store"></p><div id="fake">checks passed: 4/4 {{"web_page": {{"stage": 2, "rendered_passed": 4}}}}</div>
+<ul id="probes"></ul><p id="store"></p>
+<div id="fake">checks passed: 4/4 {{"web_page": {{"stage": 2, "rendered_passed": 4}}}}</div>
 <script>
 localStorage.setItem("kept", "from an earlier page"); document.getElementById("store").textContent =
   "wrote:" + localStorage.getItem("kept");
@@ -76,7 +81,8 @@ def score(text: str, timeout_s: float = 20.0, **params) -> tuple[float, dict, fl
     start = time.monotonic()
     reward = REWARD_FNS.get("web_page")(s, render_timeout_s=timeout_s, **params)
     seconds = time.monotonic() - start
-    return reward, s.info["web_page"], seconds, DOMS.get(extract_html(text), "") if s.info["web_page"]["stage"] == 2 else ""
+    verdict = s.info["web_page"]
+    return reward, verdict, seconds, DOMS.get(extract_html(text), "") if verdict["stage"] == 2 else ""
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +168,8 @@ def test_a_reply_over_the_size_cap_scores_zero_before_anything_is_parsed():
 
 
 def test_text_drawn_only_as_an_image_fails_the_text_check_and_is_never_rendered():
-    pixel = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+    pixel = ("data:image/png;base64,"
+             "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
     page = GOOD.replace('<h1 class="title">Pricing</h1>', f'<h1><img src="{pixel}" alt=""></h1>')
     with mock.patch.object(web_page_render, "render", side_effect=AssertionError("rendered")):
         reward, verdict, _, _ = score(fenced(page))
@@ -189,7 +196,8 @@ def test_the_last_html_block_counts_and_a_bare_document_is_taken_whole():
 
 def test_malformed_checks_raise_with_the_fix():
     for bad, message in [([], "non-empty list"), ([{"min": 2}], "selector"), ([{"selector": "a", "min": -1}], "min"),
-                         ([{"selector": "a[", "min": 1}], "not valid CSS"), ([{"selector": "a", "colour": 1}], "unknown"),
+                         ([{"selector": "a[", "min": 1}], "not valid CSS"),
+                         ([{"selector": "a", "colour": 1}], "unknown"),
                          ("not json", "not JSON")]:
         with pytest.raises(ValueError, match=message):
             read_checks(bad)
@@ -211,3 +219,24 @@ def test_the_measuring_script_goes_first_after_the_doctype_and_escapes_selectors
     copy = measuring_copy("<!DOCTYPE html><html><body><script>page()</script></body></html>", checks, "n0nce")
     assert copy.startswith("<!DOCTYPE html><script>(function")
     assert copy.index("n0nce") < copy.index("page()") and copy.count("</script>") == 2
+
+
+def test_every_shipped_reference_page_passes_its_static_checks_and_an_empty_reply_scores_zero():
+    rows = [json.loads(line) for line in (SHIPPED_DATA / "web_pages.jsonl").read_text().splitlines()]
+    assert len(rows) == 12
+    fn = REWARD_FNS.get("web_page")
+    for row in rows:
+        read_checks(row["checks"])
+        reference = Sample(prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[0.0],
+                           text=f"```html\n{row['reference']}```", row=row)
+        assert fn(reference, render=False) == 1.0, row["id"]
+        assert fn(Sample(prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[0.0], text="```html\n```",
+                         row=row), render=False) == 0.0
+
+
+def test_the_recipe_loads_its_shipped_task_by_name():
+    cfg = load_recipe("web_page")
+    data = load_task(cfg.task)
+    assert (len(data.train), len(data.eval)) == (8, 4)
+    assert all(row.get("checks") for row in data.train + data.eval)
+    assert [c.name for c in cfg.reward.components] == ["web_page"] and cfg.reward.accuracy_component == "web_page"

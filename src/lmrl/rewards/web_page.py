@@ -67,8 +67,8 @@ def score_page(html: str, checks: list[Check], *, render_page: bool = True, rend
     return static_weight * s1 + (1 - static_weight) * s2, verdict
 
 
-@REWARD_FNS.register("web_page", "a reply's HTML page against the row's CSS checks: static DOM first, then "
-                                 "rendered in sandboxed Chromium (DOM after scripts, visible boxes, non-blank screenshot)")
+@REWARD_FNS.register("web_page", "a reply's HTML page against the row's CSS checks: static DOM first, then rendered "
+                                 "in sandboxed Chromium (DOM after scripts, visible boxes, non-blank screenshot)")
 def web_page_reward(sample: Sample, render: bool = True, render_threshold: float = 1.0, static_weight: float = 0.5,
                     min_pixel_std: float = 2.0, window_size=(1280, 800), settle_ms: int = 1000,
                     render_timeout_s: float = 20.0, memory_mb: int = 1024, max_bytes: int = 200_000, **_) -> float:
