@@ -17,7 +17,7 @@ from lmrl.loading import load_recipe
 from lmrl.recipe_files import SHIPPED_DATA
 from lmrl.rewards import REWARD_FNS, web_page_render
 from lmrl.rewards.sandbox_program import run_program
-from lmrl.rewards.web_page_checks import extract_html, parse, read_checks
+from lmrl.rewards.web_page_checks import check_passes, extract_html, parse, read_checks
 from lmrl.rewards.web_page_render import CHROMIUM, FLAGS, FONTS, measuring_copy, read_counts, render
 from lmrl.types import Sample
 
@@ -44,6 +44,8 @@ for (const url of {PROBES!r}) {{
   try {{ const x = new XMLHttpRequest(); x.open("GET", url, false); x.send();
         report(url, "READ " + x.status + " " + x.responseText.slice(0, 40)); }}
   catch (e) {{ report(url, "blocked"); }}
+  fetch(url).then(r => r.text()).then(t => report("fetch " + url, "READ " + t.slice(0, 40)),
+                                      () => report("fetch " + url, "blocked"));
 }}
 console.log('{{"web_page": {{"stage": 2, "rendered_passed": 4, "visible_counts": [1]}}}}');
 console.log("0123456789abcdef0123456789abcdef 1");
@@ -130,9 +132,9 @@ def test_forged_verdicts_in_the_dom_and_the_console_are_ignored(rendered):
 
 
 def test_the_page_reaches_no_network_no_host_file_and_no_proc(rendered):
-    probes = parse(rendered["hostile"][3]).select("#probes li")
-    assert [li["data-url"] for li in probes] == PROBES  # every probe ran
-    assert [li.get_text() for li in probes] == ["blocked"] * len(PROBES)
+    probes = {li["data-url"]: li.get_text() for li in parse(rendered["hostile"][3]).select("#probes li")}
+    assert set(probes) == {*PROBES, *(f"fetch {url}" for url in PROBES)}  # every XHR and fetch ran
+    assert set(probes.values()) == {"blocked"}
 
 
 def test_the_render_root_holds_no_host_directory(rendered):
@@ -240,3 +242,11 @@ def test_the_recipe_loads_its_shipped_task_by_name():
     assert (len(data.train), len(data.eval)) == (8, 4)
     assert all(row.get("checks") for row in data.train + data.eval)
     assert [c.name for c in cfg.reward.components] == ["web_page"] and cfg.reward.accuracy_component == "web_page"
+
+
+def test_text_inside_scripts_comments_styles_and_templates_does_not_count():
+    hidden_words = ('<h1><script>var a = "Pricing"</script><!-- Pricing --><style>/* Pricing */</style>'
+                    '<template>Pricing</template></h1>')
+    check = read_checks([{"selector": "h1", "text": "Pricing"}])[0]
+    assert not check_passes(parse(hidden_words), check)
+    assert check_passes(parse("<h1>Our <b>pricing</b></h1>"), check)
