@@ -10,8 +10,8 @@ the program does:
   a host directory, is bound read-write at `/sandbox/out` (a compiler's output, nothing else);
 - new pid, network (loopback only), IPC, UTS and cgroup namespaces, no capabilities, the user
   `nobody` in a user namespace of its own when the parent is root;
-- rlimits set by `prlimit` before the program starts (hard = soft): CPU time, address space, file
-  size, open files, processes/threads, no core dumps; the process group killed at the wall-clock
+- rlimits set by `prlimit` before the program starts (hard = soft): CPU time, address space (or the
+  data segment), file size, open files, processes/threads, no core dumps; the process group killed at the wall-clock
   timeout, past the output cap and when the program exits; a minimal environment; `stdin` fed
   through a pipe.
 There is no audit hook (the program is not Python): the kernel and the private root are the
