@@ -11,9 +11,9 @@ import lmrl.rewards.hindsight_critique  # noqa: F401,E402  (registers the teache
 import lmrl.rewards.process_reward  # noqa: F401,E402  (registers process_reward_model)
 import lmrl.rewards.structured, lmrl.rewards.constraints, lmrl.rewards.finance  # noqa: F401,E401,E402  (register json_schema, smt_check, finance)
 import lmrl.rewards.translation, lmrl.rewards.retrieval  # noqa: F401,E401,E402  (register translation, retrieval)
+import lmrl.rewards.web_page  # noqa: F401,E402  (registers web_page)
 import lmrl.rewards.stages  # noqa: F401,E402  (registers structpo_rules)
 import lmrl.rewards.critique, lmrl.rewards.clarity, lmrl.rewards.genac  # noqa: F401,E401,E402  (STC, CLARity, GenAC)
-import lmrl.rewards.web_page  # noqa: F401,E402  (registers web_page)
 
 __all__ = ["GROUP_REWARD_FNS", "REWARD_AGGREGATIONS", "REWARD_FNS", "RewardScorer", "answers_match",
            "extract_answer", "find_component"]
