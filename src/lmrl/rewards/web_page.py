@@ -1,8 +1,9 @@
 """`web_page`: a web page scored against the row's checks by a cascade, cheap static checks first, a render after.
 
-A reconstruction of WebGen-R1's cascaded reward for single HTML pages (confidence: low — reconstructed from the
-abstract and a secondary summary; the weights and thresholds are lmrl's). The reply's HTML is its last ```html
-block (else the reply itself when it starts with `<!doctype` or `<html`; `lmrl.rewards.web_page_checks`).
+A reconstruction of WebGen-R1's cascaded reward for single HTML pages.
+confidence: low — reconstructed from the abstract (and a secondary summary; the weights and thresholds are lmrl's).
+The reply's HTML is its last ```html block (else the reply itself when it starts with `<!doctype` or `<html`;
+`lmrl.rewards.web_page_checks`).
 
     stage 1 (the parent, nothing runs): s1 = checks passed on the static DOM / checks
     stage 2 (only when s1 >= render_threshold): the page rendered once in sandboxed Chromium with JavaScript on;
