@@ -6,6 +6,7 @@ Which text is a reply's answer and how it is compared with the gold: `answers.py
 """
 from __future__ import annotations
 
+import json
 import re
 
 from lmrl.registry import Registry
@@ -80,3 +81,16 @@ def reasoning_gym_reward(sample: Sample, pattern: str | None = None, fallback: s
         return 0.0
     score = float(scorer(canonical(value.value, as_fraction=gold.form == "fraction"), entry))
     return score if partial_credit else float(score >= 1.0)
+
+
+def row_list(value: object, reward: str, field: str, example: str) -> list:
+    """A row field that holds a non-empty list, or its JSON text (datasets store nested fields as text); anything
+    else raises naming the reward, the field and an `example` of the expected shape."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{reward}: the row's `{field}` is text but not JSON ({err.msg})") from None
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{reward}: the row's `{field}` must be a non-empty list like {example}")
+    return value

@@ -27,7 +27,6 @@ docs/rewards/program_tests.md.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -36,7 +35,7 @@ import tempfile
 from dataclasses import dataclass
 
 from lmrl.rewards.code import FENCE
-from lmrl.rewards.functions import REWARD_FNS
+from lmrl.rewards.functions import REWARD_FNS, row_list
 from lmrl.rewards.sandbox_program import OUTPUT_DIR, run_program
 from lmrl.types import Sample
 
@@ -96,13 +95,7 @@ def extract_program(text: str) -> str:
 
 def read_tests(value: object) -> list[tuple[str, str]]:
     """[(stdin, expected stdout)] from the row's `tests` (a list, or its JSON text)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"program_tests: the row's `tests` is text but not JSON ({err.msg})") from None
-    if not isinstance(value, list) or not value:
-        raise ValueError('program_tests: the row\'s `tests` must be a non-empty list of {"input": ..., "output": ...}')
+    value = row_list(value, "program_tests", "tests", '[{"input": ..., "output": ...}]')
     tests = []
     for i, test in enumerate(value):
         if not isinstance(test, dict) or not isinstance(test.get("input"), str) \

@@ -9,7 +9,6 @@ run on the static DOM (stage 1) and on the DOM Chromium dumps after the page's s
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
@@ -17,6 +16,7 @@ import soupsieve
 from bs4 import BeautifulSoup
 
 from lmrl.rewards.code import FENCE
+from lmrl.rewards.functions import row_list
 
 HTML_START = re.compile(r"\s*<(?:!doctype\s+html|html)[\s>]", re.IGNORECASE)
 CHECK_KEYS = {"selector", "min", "max", "text", "visible"}
@@ -73,14 +73,8 @@ def _read_check(i: int, raw: object) -> Check:
 
 def read_checks(value: object) -> list[Check]:
     """The row's `checks` (a list, or its JSON text) as `Check`s; a malformed one raises with the fix."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"web_page: the row's `checks` is text but not JSON ({err.msg})") from None
-    if not isinstance(value, list) or not value:
-        raise ValueError('web_page: the row\'s `checks` must be a non-empty list like [{"selector": "h1", '
-                         '"text": "Pricing"}, {"selector": "nav a", "min": 3}]')
+    value = row_list(value, "web_page", "checks",
+                     '[{"selector": "h1", "text": "Pricing"}, {"selector": "nav a", "min": 3}]')
     return [_read_check(i, raw) for i, raw in enumerate(value)]
 
 
