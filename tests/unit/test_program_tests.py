@@ -13,8 +13,7 @@ import uuid
 import pytest
 
 from lmrl.rewards import REWARD_FNS, program_tests, sandbox_root
-from lmrl.rewards.program_tests import extract_program, outputs_match, read_tests, run_tests
-from lmrl.rewards.sandbox import _count_tasks
+from lmrl.rewards.program_tests import BINARY, extract_program, outputs_match, read_tests, run_tests
 from lmrl.types import Sample
 
 ADD_TESTS = [("3 4\n", "7\n"), ("10 -2\n", "8\n"), ("0 0", "0")]
@@ -185,7 +184,21 @@ def test_a_fork_bomb_is_contained_and_leaves_no_process():
     report = run_tests(bomb, "c", [("", "x")], test_timeout_s=1.0)
     assert report["passed"] == 0 and report["verdicts"][0] in ("timeout", "runtime_error")
     assert time.monotonic() - start < 15
-    assert _count_tasks(65534) == 0
+    assert bomb_processes() == 0
+
+
+def bomb_processes() -> int:
+    """Live processes of the sandbox user running the compiled program (other tests' sandboxes, run by another
+    worker at the same time, are not counted)."""
+    found = 0
+    for entry in (e for e in os.listdir("/proc") if e.isdigit()):
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        found += fields.get("Name", "").strip() == BINARY and fields.get("Uid", "-1").split()[0] == "65534"
+    return found
 
 
 def test_no_network_from_c_or_node():
