@@ -135,3 +135,21 @@ def run_tiny(cfg, resume=None) -> tuple[list[dict], object]:
     stages = build_stages(cfg, model=tiny_llama(len(tok), hidden=32, layers=2, heads=4, seed=0), tokenizer=tok)
     result = train(cfg, resume=resume, stages=stages)
     return [json.loads(ln) for ln in (result.run_dir / "metrics.jsonl").read_text().splitlines()], stages
+
+
+class LocalServer:
+    """A threaded HTTP server on a free local port serving `handler` (the tests' fake endpoints); `url` is its
+    OpenAI-style base URL (…/v1)."""
+
+    def __init__(self, handler):
+        import threading
+        from http.server import ThreadingHTTPServer
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,15 +1,14 @@
 """GenAC in a real loop on the tiny model: a critic endpoint answers `Value: 0.5`, the `genac` advantage reads it,
 and a resumed run shows the critic the same recent rollouts as the uninterrupted one (the memory is checkpointed)."""
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from conftest import run_tiny, toy_run_config
+from conftest import LocalServer, run_tiny, toy_run_config
 
 
-class CriticEndpoint:
+class CriticEndpoint(LocalServer):
     """An OpenAI-compatible chat endpoint that answers every prompt with `Value: 0.5` and records the prompts."""
 
     def __init__(self):
@@ -33,14 +32,7 @@ class CriticEndpoint:
                 self.end_headers()
                 self.wfile.write(payload)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture

@@ -2,16 +2,17 @@
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
+from conftest import LocalServer
 from lmrl.rewards import judge_client as jc
 from lmrl.rewards.judge_client import (JudgeClient, JudgeError, JudgeHTTPError, JudgeResponseError, parse_letter_scores,
                                        parse_score, parse_verdict, parse_verdicts, parse_winner)
 
 
-class FakeEndpoint:
+class FakeEndpoint(LocalServer):
     """Answers /v1/chat/completions by popping scripted actions: 'ok', 'garbage', 'no-choices', an int status,
     or ('sleep', seconds). With the script empty it answers 'ok'. Records requests and peak concurrency."""
 
@@ -60,14 +61,7 @@ class FakeEndpoint:
                     with endpoint.lock:
                         endpoint.in_flight -= 1
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture
