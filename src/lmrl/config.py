@@ -371,6 +371,22 @@ class MixtureConfig(Section):
     schedule: list[MixturePoint] = Field(default_factory=list)
 
 
+class RoleConfig(Section):
+    """A role of the run besides the policy (a simulated user, an opponent, a judge), called by the environment or a
+    reward; trained on its own samples when `trains` (docs/roles.md)."""
+
+    # "adapter": its own LoRA adapter on the policy's base (needs model.lora); "policy": the policy's own weights
+    # (self-play: its samples join the policy's update); else its own model ("default", a directory, a .gguf file)
+    model: str = "adapter"
+    trains: bool = True  # false: frozen, it only answers
+    reward: RewardConfig | None = None  # scores its samples (a role that trains must set it)
+    algo: dict[str, Any] = Field(default_factory=dict)  # its objective: `algo` keys over the run's
+    trainer: dict[str, Any] = Field(default_factory=dict)  # its optimiser: `trainer` keys over the run's (lr, …)
+    lora: LoraConfig | None = None  # its adapter (model: adapter; default the policy's model.lora) or its model's
+    max_new_tokens: int = Field(64, ge=1)  # the most tokens of one of its replies
+    temperature: float = Field(0.7, gt=0)  # it samples at this temperature whatever its caller asks
+
+
 class Config(Section):
     recipe: str | None = None
     description: str = ""
@@ -387,6 +403,7 @@ class Config(Section):
     dist: DistConfig = Field(default_factory=DistConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
+    roles: dict[str, RoleConfig] = Field(default_factory=dict)  # trainable or frozen roles besides the policy
 
     # dotted keys the preset filled in (loading.build_config): with the field defaults, what the user did not choose
     _preset_filled: frozenset[str] = PrivateAttr(default=frozenset())

@@ -278,7 +278,37 @@ def build_config(tree: dict[str, Any]) -> Config:
     from lmrl.validation import check_names  # the checks read the registries, which import torch
 
     check_names(cfg)
+    for name in cfg.roles:
+        role_config(cfg, name)  # each role's own objective and reward are validated as a run's
     return cfg
+
+
+# what a role's own config keeps of the run's: what it samples and learns with comes from its `roles:` entry
+ROLE_KEEPS = ("model", "task", "rollout", "trainer", "run")
+
+
+def role_config(cfg: Config, name: str) -> Config:
+    """The config role `name` learns by: the run's model, rollout and trainer settings with the role's `trainer`
+    keys over them, its own `reward`, its `algo` (the run's when it sets none; a preset it names is expanded as
+    a run's), its `lora`, temperature and reply length; validated as a run's (errors name the role)."""
+    role = cfg.roles[name]
+    run = cfg.model_dump(mode="json")
+    tree = {key: run[key] for key in ROLE_KEEPS}
+    tree["trainer"] = merge_trees(tree["trainer"], dict(role.trainer))
+    tree["trainer"]["stop_when"] = []
+    if role.reward is not None:
+        tree["reward"] = role.reward.model_dump(mode="json")
+    tree["algo"] = dict(role.algo) if role.algo else run["algo"]
+    tree["rollout"].update({"temperature": role.temperature, "max_new_tokens": role.max_new_tokens,
+                            "max_staleness": None, "controller": None, "controller_params": {}})
+    if role.model not in ("adapter", "policy"):
+        tree["model"] = {"path": role.model, "lora": None}
+    if role.lora is not None:
+        tree["model"]["lora"] = role.lora.model_dump(mode="json")
+    try:
+        return build_config(tree)
+    except ConfigError as err:
+        raise ConfigError(f"roles.{name}: {err}") from None
 
 
 def load_run_config(run_dir: Path, overrides: list[str] | None = None) -> Config:

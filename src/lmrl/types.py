@@ -104,6 +104,7 @@ class Sample:
     loss_mask: list[int] | None = None
     text: str = ""
     row: dict[str, Any] = field(default_factory=dict)
+    role: str = ""  # the run's role that generated it ("" the policy; docs/roles.md)
 
     def __post_init__(self) -> None:
         """Wrap `info` as this sample's SampleInfo; a copy (`dataclasses.replace`) shares the entries."""
@@ -123,6 +124,7 @@ class Sample:
                 state[key] = entries.pop(key)
         state.setdefault("text", "")
         state.setdefault("row", {})
+        state.setdefault("role", "")
         self.__dict__.update({**state, "info": {}})
         self.info = SampleInfo(self, entries)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from lmrl.envs.roles import RoleClient, RoleUser
 from lmrl.rewards.judge_client import JudgeClient
 
 
@@ -61,7 +62,7 @@ class LocalUser:
 def make_user(spec: Any) -> Any:
     """The user a spec names: an object with chat() as is; a (model, tokenizer) pair, a model path or
     {"model": path, "device": ...} in-process; {"base_url": ..., "model": ..., ...} (JudgeClient
-    options) over HTTP."""
+    options) over HTTP; {"role": name}: the run's role `name` (docs/roles.md), which may learn."""
     if callable(getattr(spec, "chat", None)):
         return spec
     if isinstance(spec, tuple) and len(spec) == 2:
@@ -69,6 +70,8 @@ def make_user(spec: Any) -> Any:
     if isinstance(spec, (str, os.PathLike)):
         return LocalUser(spec)
     if isinstance(spec, Mapping):
+        if set(spec) == {"role"}:
+            return RoleUser(str(spec["role"]))
         if "base_url" in spec:
             return JudgeClient.from_params(dict(spec))
         if "model" in spec:
@@ -114,8 +117,11 @@ class SimulatedUser:
     def build(cls, spec: Any, max_tokens: int = 64, temperature: float = 0.7) -> "SimulatedUser":
         return cls(make_user(spec), max_tokens, temperature)
 
-    def reply(self, system: str, transcript: list[dict[str, str]], seed: int) -> str:
-        """The simulator's next message, given its system prompt and the policy-side transcript."""
+    def reply(self, system: str, transcript: list[dict[str, str]], seed: int, row: dict[str, Any] | None = None,
+              group: str | None = None) -> str:
+        """The simulator's next message, given its system prompt and the policy-side transcript; a simulator that is a
+        role of the run records it with `row` (what its reward reads) in its group `group`."""
+        recorded = {"row": row, "group": group} if isinstance(self.client, (RoleUser, RoleClient)) else {}
         text = self.client.chat(user_view(system, transcript), max_tokens=self.max_tokens,
-                                temperature=self.temperature, seed=seed % 2**31)
+                                temperature=self.temperature, seed=seed % 2**31, **recorded)
         return text.strip()

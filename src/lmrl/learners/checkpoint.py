@@ -15,7 +15,7 @@ import random
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -86,12 +86,14 @@ def clean_partial(root: Path) -> None:
 
 
 def save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, scheduler, state: dict[str, Any],
-                    keep: int = 2, modules: dict[str, torch.nn.Module] | None = None) -> Path:
+                    keep: int = 2, modules: dict[str, torch.nn.Module] | None = None,
+                    extra: Callable[[Path], None] | None = None) -> Path:
     """Write `root/step-{step}` atomically and prune to the newest `keep` complete checkpoints.
 
     Everything is written and flushed to disk under a temporary name, then renamed into place: a
     process killed at any moment (or a power loss) leaves either the complete checkpoint or none.
-    `modules`: further trainable modules by name (the learner's value head), saved beside the model.
+    `modules`: further trainable modules by name (the learner's value head), saved beside the model;
+    `extra`: writes more into the checkpoint's directory (the run's other roles, `loops.roles`).
     """
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
@@ -101,6 +103,8 @@ def save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, schedule
     model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
+    if extra is not None:
+        extra(tmp)
     return publish_checkpoint(root, tmp, step, state, keep, modules)
 
 

@@ -72,7 +72,9 @@ class Learner:
                                first_pass=lambda: self._idle_pass(False, self.reference_forward))
         self.value_head = None
         self.critic_shares_trunk = critic_shares_trunk
-        params = [p for p in model.parameters() if p.requires_grad]
+        # what it trains: the parameters that need gradients now (a role's adapter on a shared base is
+        # the active one while its learner is built: `loops.roles`), clipped and stepped as the policy's
+        self.trained_parameters = params = [p for p in model.parameters() if p.requires_grad]
         groups = [{"params": params}]
         if critic:
             self.value_head = torch.nn.Linear(model.config.hidden_size, 1).to(self.device)
@@ -429,7 +431,7 @@ class Learner:
 
     def _policy_parameters(self):
         """The policy's parameters and the score head's (clipped together: one reward model)."""
-        yield from self.model.parameters()
+        yield from self.trained_parameters
         if self.score_head is not None:
             yield from self.score_head.parameters()
 

@@ -21,6 +21,7 @@ from lmrl.loops.inline import InlineSource
 from lmrl.loops.offline import OfflineSource
 from lmrl.loops.progress import StepProgress
 from lmrl.loops.run_dir import RunDir
+from lmrl.loops.roles import collect_roles, learn_roles, policy_turn
 from lmrl.loops.run_state import RunState
 from lmrl.loops.setup import Stages, build_stages, data_parallel
 from lmrl.loops.source import BatchSource
@@ -105,16 +106,22 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
             for step in range(start + 1, cfg.trainer.steps + 1):
                 rollout = source.take(step)
                 s.scorer.check_error_rate(rollout.metrics, step)  # the whole batch, or its first chunk
+                if s.roles:  # what the roles sampled: scored; self-play groups join the policy's batch
+                    joined, played = collect_roles(s.roles, step)
+                    rollout.kept, rollout.metrics = rollout.kept + joined, {**rollout.metrics, **played}
                 t1 = time.perf_counter()
                 threads = apply_threads(cfg.trainer.threads)
                 if rollout.chunks == 1:
-                    learned, stream = learn(s, rollout.kept, step), {}
+                    with policy_turn(s.engine):
+                        learned, stream = learn(s, rollout.kept, step), {}
                 else:
                     rollout, learned, stream = learn_streamed(s, source, rollout)
                     s.scorer.check_error_rate(rollout.metrics, step)
                 metrics = {**rollout.metrics,
                            **(step_rollout_metrics(s, rollout.seen) if rollout.seen else {})}
                 metrics.update(learned if learned is not None else {"skipped_updates": 1.0})
+                if s.roles:  # each role with weights of its own learns from its samples of the step
+                    metrics.update(learn_roles(s.roles, step))
                 metrics.update(source.after_update(step, s.model, learned is not None))
                 step_s, waited = time.perf_counter() - last_end, t1 - last_end + stream.get("async/stream_wait_s", 0.0)
                 generating = rollout.seconds - rollout.reward_seconds

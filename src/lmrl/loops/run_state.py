@@ -31,6 +31,7 @@ from lmrl.learners.sharded_checkpoint import load_sharded_checkpoint, save_shard
 from lmrl.models.sharded_checkpoint import is_sharded
 from lmrl.models.checkpoint_dirs import latest_checkpoint, list_checkpoints
 from lmrl.loops.inline import InlineSource
+from lmrl.loops.role_setup import read_roles, write_roles
 from lmrl.loops.run_dir import RunDir
 from lmrl.loops.setup import Stages
 from lmrl.loops.source import BatchSource
@@ -105,7 +106,8 @@ class RunState:
             save_sharded_checkpoint(self.run.checkpoints, step, s.learner, s.tokenizer, state, keep, s.parallel)
         elif s.parallel.is_main:
             save_checkpoint(self.run.checkpoints, step, s.model, s.tokenizer, s.learner.optimizer,
-                            s.learner.scheduler, state, keep=keep, modules=s.learner.modules())
+                            s.learner.scheduler, state, keep=keep, modules=s.learner.modules(),
+                            extra=(lambda tmp: write_roles(s.roles, tmp)) if s.roles else None)
         s.parallel.barrier()
 
     def restore(self, path: Path) -> dict[str, Any]:
@@ -122,6 +124,7 @@ class RunState:
             if name not in state and part.missing is _REQUIRED:
                 raise RuntimeError(f"checkpoint {path} holds no {name} state; it cannot be restored")
             part.load(state.get(name, part.missing))
+        read_roles(s.roles, path)
         return state
 
     def resume(self, resume: Path | None) -> tuple[int, dict[str, Any]]:

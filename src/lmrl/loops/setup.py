@@ -23,6 +23,7 @@ from lmrl.envs.mixture import MixtureEntry, load_mixture
 from lmrl.envs.pieces import Pieces, build_pieces
 from lmrl.envs.prepare import check_rows_for_a_step, encode_task
 from lmrl.envs.tasks import TaskData, load_task
+from lmrl.loops.role_setup import Role, build_roles
 from lmrl.loops.run_dir import run_dir_for
 from lmrl.learners import Learner
 from lmrl.validation import check_names, check_row_fields
@@ -53,6 +54,7 @@ class Stages:
     offline: OfflineData | None = None  # an offline batch source's encoded rows (`batches.source`); None: rollouts
     controller: Any = None  # what writes the training rollouts' completions (`rollout.controller`); None: the engine
     mixture: dict[str, MixtureEntry] = field(default_factory=dict)  # a task mixture's tasks by name; {}: one task
+    roles: dict[str, Role] = field(default_factory=dict)  # the run's roles besides the policy (`roles:`)
 
     def controllers(self) -> dict[str, Any]:
         """The rollout controllers in use by task ("" for a run of one task), those set only."""
@@ -150,6 +152,9 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
                       bf16=resolve_bf16(cfg.trainer.bf16, pieces.device), critic=algorithm.critic,
                       critic_lr=cfg.algo.critic_lr, critic_shares_trunk=cfg.algo.critic_shares_trunk,
                       score_head=algorithm.score_labels, parallel=parallel)
+    if cfg.roles and parallel.world_size > 1:
+        raise ConfigError("a run with roles runs in one process: launch it without torchrun")
+    roles, engine = build_roles(cfg, model, tokenizer, engine, pieces.device)
     generator = torch.Generator().manual_seed(cfg.trainer.seed)
     for own, own_sampler in [(e.cfg, sampler.children[e.name]) for e in pieces.mixture] or [(cfg, sampler)]:
         bind_probe(own_sampler, own, engine, model, generator)  # a sampler that checks prompts with the policy
@@ -164,7 +169,7 @@ def build_stages(cfg: Config, model=None, tokenizer=None) -> Stages:
         generator=generator, params=sampling_params(cfg), data_notes=pieces.data_notes, parallel=parallel,
         offline=offline,
         controller=build_controller(cfg.rollout.controller, cfg.rollout.controller_params, tokenizer),
-        mixture={e.name: e for e in pieces.mixture},
+        mixture={e.name: e for e in pieces.mixture}, roles=roles,
     )
 
 

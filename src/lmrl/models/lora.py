@@ -9,6 +9,7 @@ sequence-classification model, for a process reward model a token-classification
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from pathlib import Path
@@ -66,7 +67,7 @@ def load_adapter(model, directory: Path) -> None:
         raise RuntimeError(f"{directory} has no {ADAPTER_FILE}: it was saved by a full fine-tuning run, "
                            "not a LoRA one (model.lora)")
     result = set_peft_model_state_dict(model, load_file(str(file)))
-    missing = [k for k in result.missing_keys if ".lora_" in k]
+    missing = [k for k in result.missing_keys if ".lora_" in k and ".default." in k]  # (not a role's adapter)
     if missing or result.unexpected_keys:
         raise RuntimeError(f"the adapters in {directory} do not match model.lora "
                            f"(missing {missing[:3]}, unexpected {list(result.unexpected_keys)[:3]})")
@@ -118,3 +119,32 @@ def _merged_lora(checkpoint_model: Path, base_path: str, lora: LoraConfig):
     base = model.unload()
     base.load_state_dict(merged)
     return base
+
+
+class AdapterSwitch:
+    """The adapters of one peft model taking turns (several roles on one base, docs/roles.md): `use(name)` makes
+    adapter `name` the active and trainable one for a block, under one lock, and puts the policy's ("default")
+    back after it, so the policy's generation and updates always find their own adapter in place."""
+
+    def __init__(self, model):
+        import threading
+
+        self.model, self.lock = model, threading.RLock()
+
+    def add(self, name: str, cfg: LoraConfig) -> None:
+        """A new adapter `name` (zero-initialised B: it starts as the base), inactive."""
+        from peft import LoraConfig as PeftLoraConfig
+
+        with self.lock:
+            self.model.add_adapter(name, PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                                                        target_modules=cfg.target_modules, task_type="CAUSAL_LM"))
+            self.model.set_adapter("default")
+
+    @contextlib.contextmanager
+    def use(self, name: str):
+        with self.lock:
+            self.model.set_adapter(name)
+            try:
+                yield
+            finally:
+                self.model.set_adapter("default")

@@ -20,6 +20,7 @@ from lmrl.validation.demonstrations import _demonstration_rows, _demonstrations,
 from lmrl.validation.methods import (_critic, _declared_checks, _groups, _inputs, _kl_in_reward, _method_rows,
                                      _preset_aggregation, _preset_clip_bounds, _rejected_tokens, _sequence_ratio)
 from lmrl.validation.names import _params, _registered, _reward_names, _trackers
+from lmrl.validation.roles import _roles
 from lmrl.validation.runs import (_env_reward, _rollout_workers, _sampler_probe, _stop_rules, _streaming,
                                   check_refresh, streaming_problems)
 
@@ -33,7 +34,7 @@ PIPELINE: list[tuple[str, Callable[..., None]]] = [
     ("combinations", _kl_in_reward), ("combinations", _stop_rules), ("combinations", check_batches), ("combinations", _groups), ("combinations", _declared_checks),
     ("combinations", _peers), ("combinations", _demonstrations), ("combinations", _sample_source),
     ("combinations", _critic), ("combinations", _inputs), ("combinations", _rejected_tokens), ("combinations", _sampler_probe),
-    ("combinations", _streaming), ("combinations", check_controller),
+    ("combinations", _streaming), ("combinations", check_controller), ("combinations", _roles),
     ("data", _demonstration_rows), ("data", _source_rows), ("data", _method_rows),
 ]
 

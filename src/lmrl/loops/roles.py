@@ -1,0 +1,77 @@
+"""What each step does for the run's roles (docs/roles.md): score what they sampled, train them, measure drift.
+
+After the policy's rollouts, `collect_roles` takes each trained role's samples of the step (recorded by its
+client as its engine produced them), scores them with the role's own reward, and returns the groups of roles
+that play with the policy's weights (self-play), which join the policy's batch. After the policy's update,
+`learn_roles` trains every other role on its groups by its own objective (`loops.collect.learn`, the policy's
+one update path), after measuring how far it has moved from its start: `role/<name>/drift/kl`, the mean k3
+estimate of KL(role ‖ its initial weights) on its samples, which `trainer.stop_when` can watch (a learning
+simulator or judge that drifts away from its frozen start is the first sign of collusion).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from lmrl.loops.collect import batch_inputs, learn, rollout_metrics
+from lmrl.loops.batching import to_batch
+from lmrl.loops.role_setup import Role, SwitchedEngine
+from lmrl.types import Group
+
+
+def collect_roles(roles: dict[str, Role], step: int) -> tuple[list[Group], dict[str, float]]:
+    """Score each trained role's samples of step `step`: the groups that join the policy's update, and the
+    roles' metrics (`role/<name>/…`). A role's reward errors above its `reward.max_error_rate` stop the run."""
+    joined, metrics = [], {}
+    for name, role in roles.items():
+        if not role.spec.trains:
+            continue
+        groups = role.client.take()
+        role.pending = groups
+        own = {"samples": float(sum(len(g.samples) for g in groups))}
+        if groups:
+            scored = role.scorer.score(groups)
+            role.scorer.check_error_rate(scored, step)
+            own.update(scored)
+            own.update(rollout_metrics(groups, role.cfg.reward.accuracy_component))
+        metrics.update({f"role/{name}/{k}": v for k, v in own.items()})
+        if role.joins_policy:
+            joined += groups
+    return joined, metrics
+
+
+def learn_roles(roles: dict[str, Role], step: int) -> dict[str, float]:
+    """Train each role with weights of its own on the groups `collect_roles` took; its engine then generates as
+    version `step`. A role with no scored sample this step skips its update (`role/<name>/skipped_updates`)."""
+    metrics = {}
+    for name, role in roles.items():
+        if role.learner is None:
+            continue
+        groups, role.pending = role.pending, []
+        with role.switch():
+            own = drift(role, groups, step)
+            learned = learn(role, groups, step) if groups else None
+        own.update(learned if learned is not None else {"skipped_updates": 1.0})
+        if learned is not None:
+            role.engine.update_weights(None, step)
+        metrics.update({f"role/{name}/{k}": v for k, v in own.items()})
+    return metrics
+
+
+def drift(role: Role, groups: list[Group], step: int) -> dict[str, float]:
+    """`drift/kl`: the mean over the role's sampled tokens of the k3 estimate of KL(role ‖ its initial weights),
+    exp(d) − d − 1 with d = log p_initial − log p_role (the behaviour log-probs: the role sampled them)."""
+    batch = to_batch(batch_inputs(role, groups, step), role.engine.pad_token_id) if groups else None
+    if batch is None:
+        return {}
+    initial = role.learner.logprobs(batch, reference=True)
+    mask = batch.completion_mask
+    d = (initial - batch.behaviour_logprobs) * mask
+    k3 = (torch.exp(d) - d - 1.0) * mask
+    return {"drift/kl": float(k3.sum() / mask.sum().clamp(min=1.0))}
+
+
+def policy_turn(engine):
+    """The context the policy's update runs in: its own adapter in place when roles share its base."""
+    return engine.switch() if isinstance(engine, SwitchedEngine) else contextlib.nullcontext()
