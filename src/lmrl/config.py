@@ -279,6 +279,7 @@ class StopRule(Section):
 
 class TrainerConfig(Section):
     steps: int = Field(20, ge=1)  # the most steps; `stop_when` may end the run earlier
+    frozen: bool = False  # the policy only generates: a run that trains its roles alone (docs/roles.md)
     stop_when: list[StopRule] = Field(default_factory=list)  # stopping rules on logged metrics (docs/runs.md)
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)

@@ -86,6 +86,7 @@ def test_eval_metrics_share_the_train_family():
     assert family_of("reward/mean") == family_of("reward/std") == "Reward"
     assert family_of("timing/rollout_s") == "Timing"
     assert family_of("loss/policy") == "loss"
+    assert family_of("role/shopper/reward/mean") == "Reward" and family_of("role/shopper/drift/kl") == "drift"
 
 
 def test_samples_table_shows_only_recent_samples_per_step(tmp_path: Path):

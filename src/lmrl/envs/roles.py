@@ -43,7 +43,14 @@ class RoleClient:
 
     def chat(self, messages: list[dict[str, str]], max_tokens: int | None = None, temperature: float | None = None,
              seed: int | None = None, row: dict[str, Any] | None = None, group: str | None = None) -> str:
-        """The role's reply to `messages` (sampled at the role's own temperature: its log-probs are trained at it)."""
+        """The role's reply to `messages` as text (sampled at the role's own temperature: its log-probs are trained
+        at it, so the caller's `temperature` is not used)."""
+        return self.answer(messages, max_tokens, seed, row, group).text
+
+    def answer(self, messages: list[dict[str, str]], max_tokens: int | None = None, seed: int | None = None,
+               row: dict[str, Any] | None = None, group: str | None = None) -> Sample:
+        """The role's reply to `messages` as a Sample: the chat's token ids, the sampled ids, their behaviour
+        log-probs, its version; recorded for its update when the role trains."""
         prompt = encode_opening(self.tokenizer, messages)
         params = self.params if max_tokens is None else replace(
             self.params, max_new_tokens=max(1, min(max_tokens, self.params.max_new_tokens)))
@@ -52,13 +59,13 @@ class RoleClient:
             out = self.engine.generate([prompt], 1, params, torch.Generator().manual_seed(seed))[0][0]
             version = self.engine.version
         text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        sample = Sample(list(prompt), list(out.token_ids), list(out.logprobs), out.finish_reason,
+                        policy_version=[version] * len(out.token_ids), text=text, row=row if row is not None else {},
+                        role=self.name)
         if self.trains:
-            row = row if row is not None else {}
-            sample = Sample(list(prompt), list(out.token_ids), list(out.logprobs), out.finish_reason,
-                            policy_version=[version] * len(out.token_ids), text=text, row=row, role=self.name)
             with self.lock:
-                self.records.append((str(group if group is not None else row.get("uid", "")), seed, sample))
-        return text
+                self.records.append((str(group if group is not None else sample.row.get("uid", "")), seed, sample))
+        return sample
 
     def take(self) -> list[Group]:
         """The samples recorded since the last call, in groups by key (in key order, each by seed), each sample's

@@ -26,6 +26,7 @@ from lmrl.config import TaskConfig
 from lmrl.envs.environment import ENVIRONMENTS, Step
 from lmrl.envs.simulated_user import SimulatedUser, mentioned_names, normalize
 from lmrl.envs.tasks import TASKS, TaskData
+from lmrl.rewards import REWARD_FNS
 from lmrl.rewards.judge_client import JudgeClient, parse_score
 
 # no name contains another, so a product mentioned by name is never mistaken for a second one
@@ -109,6 +110,29 @@ def make_persona(seed: int) -> dict[str, Any]:
             "category": category, "budget": budget, "must_have": must_have, "acceptable": acceptable}
 
 
+def over_disclosure(first_reply: str, persona: dict[str, Any]) -> float:
+    """UserGRPO's over-disclosure O: the share of the persona's three criteria (category, budget, must-have feature)
+    the shopper states in its first reply to the salesperson (its scripted opening names the category only)."""
+    said = f" {normalize(first_reply)} "
+    category = persona["category"].rstrip("s")
+    stated = [f" {category}" in said, str(persona["budget"]) in said, f" {normalize(persona['must_have'])} " in said]
+    return sum(stated) / 3
+
+
+@REWARD_FNS.register("shopper_fidelity", "a trained shopper's reward: w_da·DA + w_q·Q − w_o·O of its episode (sales)")
+def shopper_fidelity(sample, w_da: float = 1.0, w_q: float = 0.0, w_o: float = 0.0) -> float | None:
+    """UserGRPO's reward of the shopper simulator (specs tasks_and_roles §C1; confidence low for the objective):
+    r = w_DA·DA + w_Q·Q − w_O·O of the episode the sample's turn belongs to: decision alignment, the judge's
+    quality (the `sales` environment's `judge`; w_q > 0 needs it), over-disclosure. Its row is the episode's state
+    (`envs.roles`); None (excluded) for a turn of an episode that never ended (cut at the token budget)."""
+    outcome = sample.row.get("outcome")
+    if outcome is None:
+        return None
+    if w_q and outcome["quality"] is None:
+        raise ValueError("shopper_fidelity: w_q > 0 needs the sales environment's judge (env.params.judge, w_quality)")
+    return w_da * outcome["aligned"] + w_q * (outcome["quality"] or 0.0) - w_o * outcome["over_disclosure"]
+
+
 def opening_line(persona: dict[str, Any]) -> str:
     return f"Hi, I'm {persona['name']}. I'm looking for {_wanted(persona['category'])}."
 
@@ -147,7 +171,7 @@ class SalesEnv:
     def reset(self, row: dict[str, Any], seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         persona = row.get("persona") or make_persona(seed)
         opening = {"role": "user", "content": opening_line(persona)}
-        state = {"persona": persona, "transcript": [opening], "turns": 0, "seed": seed}
+        state = {"persona": persona, "transcript": [opening], "turns": 0, "seed": seed, "uid": row.get("uid", "")}
         return [{"role": "system", "content": self.system}, opening], state
 
     def shopper_prompt(self, persona: dict[str, Any]) -> str:
@@ -158,7 +182,7 @@ class SalesEnv:
         state["turns"] += 1
         state["transcript"].append({"role": "assistant", "content": reply})
         said = self.user.reply(self.shopper_prompt(state["persona"]), state["transcript"],
-                               seed=state["seed"] * 131 + state["turns"])
+                               seed=state["seed"] * 131 + state["turns"], row=state, group=state["uid"])
         state["transcript"].append({"role": "user", "content": said})
         decision = parse_decision(said)
         if decision is None and state["turns"] < self.max_turns:
@@ -178,9 +202,14 @@ class SalesEnv:
                    "env/recommended": float(len(recommended)),
                    "env/recommended_acceptable": float(any(names_match(r, a) for r in recommended for a in acceptable))}
         reward = self.w_da * da + self.w_sale * good_buy
+        quality = None
         if self.judge is not None:
             metrics["env/quality"] = quality = self.quality(state["transcript"])
             reward += self.w_quality * quality
+        said = [m["content"] for m in state["transcript"] if m["role"] == "user"]
+        metrics["env/over_disclosure"] = disclosed = over_disclosure(said[1] if len(said) > 1 else "", persona)
+        # what a trained shopper's reward reads (`shopper_fidelity`): its samples' row is this episode's state
+        state["outcome"] = {"aligned": da, "quality": quality, "over_disclosure": disclosed, "turns": turns}
         return Step(None, reward, True, {"metrics": metrics})
 
     def quality(self, transcript: list[dict[str, str]]) -> float:

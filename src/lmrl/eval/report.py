@@ -129,9 +129,9 @@ def read_series(run_dir: str | Path) -> dict[str, Series]:
 
 def family_of(name: str) -> str:
     """Plot family of a metric name; eval metrics share their train counterpart's family, and a mixture task's
-    (`task/<name>/…`, `eval/task/<name>/…`) that of the metric it is of the task."""
+    (`task/<name>/…`, `eval/task/<name>/…`) or a role's (`role/<name>/…`) that of the metric it is of the task or role."""
     base = name.removeprefix("eval/")
-    if base.startswith("task/") and base.count("/") >= 2:  # a mixture task's metric joins the family of its kind
+    if base.startswith(("task/", "role/")) and base.count("/") >= 2:  # a task's or role's metric joins its kind's family
         base = base.split("/", 2)[2]
     for title, prefixes in FAMILIES:
         if base.startswith(prefixes):

@@ -112,8 +112,8 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                 t1 = time.perf_counter()
                 threads = apply_threads(cfg.trainer.threads)
                 if rollout.chunks == 1:
-                    with policy_turn(s.engine):
-                        learned, stream = learn(s, rollout.kept, step), {}
+                    with policy_turn(s.engine):  # (a frozen policy only generates: no update, nothing to log)
+                        learned, stream = {} if cfg.trainer.frozen else learn(s, rollout.kept, step), {}
                 else:
                     rollout, learned, stream = learn_streamed(s, source, rollout)
                     s.scorer.check_error_rate(rollout.metrics, step)
