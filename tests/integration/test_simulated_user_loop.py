@@ -7,6 +7,7 @@ import json
 import threading
 
 import pytest
+import torch
 
 import lmrl.envs.doctor  # noqa: F401  (registers the doctor environment and task)
 import lmrl.envs.sales  # noqa: F401  (registers the sales environment and task)
@@ -89,3 +90,27 @@ def test_doctor_trains_with_per_turn_shapley_rewards(tmp_path, model_dir):
     for r in rows:
         assert r["excluded"] == 0.0 and r["env/error"] == 0.0 and 1.0 <= r["env/turns"] <= 2.0
         assert "env/facts_revealed" in r and "env/gain" in r and r["env/correct"] == 0.0
+
+
+def test_usergrpo_trains_the_shopper_role_against_a_frozen_salesperson(tmp_path):
+    cfg = sales_config(tmp_path, 1, {"role": "shopper"})
+    tree = json.loads(cfg.model_dump_json())
+    tree["model"]["lora"] = {"r": 4, "alpha": 8}
+    tree["trainer"]["frozen"] = True
+    tree["roles"] = {"shopper": {"model": "adapter", "max_new_tokens": 6, "trainer": {"lr": 1e-2},
+                                 "reward": {"components": [{"name": "shopper_fidelity"}],
+                                            "accuracy_component": "shopper_fidelity"}}}
+    from lmrl.loading import build_config
+
+    cfg = build_config(tree)
+    model, tok = tiny()
+    stages = build_stages(cfg, model=model, tokenizer=tok)
+    before = {k: v.clone() for k, v in model.named_parameters() if ".default." in k}
+    result = train(cfg, stages=stages)
+    (row,) = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()
+              if "reward/mean" in line]
+    assert row["role/shopper/samples"] == 2 * 4 * 2  # 2 personas × 4 episodes × 2 shopper turns (no decision)
+    assert row["role/shopper/reward/mean"] == row["env/aligned"]  # w_da = 1: the episodes' decision alignment
+    assert "role/shopper/lr" in row and "lr" not in row  # the shopper's learner stepped; the salesperson has none
+    assert all(torch.equal(v, before[k]) for k, v in model.named_parameters() if k in before)
+    assert stages.roles["shopper"].learner.optimizer_steps == 1

@@ -289,3 +289,45 @@ def test_the_sale_weight_pays_only_for_an_acceptable_purchase():
     _, state = env.reset({"persona": persona}, seed=0)
     assert env.step("Hello!", state).reward == 0.0
     assert env.step("The Aria Buds are wireless and $59.", state).reward == 2.0  # aligned (1) + a fitting sale (1)
+
+
+def test_shopper_fidelity_is_usergrpos_reward_of_the_episode_outcome():
+    from types import SimpleNamespace
+
+    from lmrl.envs.sales import shopper_fidelity
+
+    # specs tasks_and_roles §C1: recommended {X, Y}, acceptable {Y}, bought Y → DA 1; Q = 0.7, O = 0 → r = 1.7
+    assert decision_alignment({"X", "Y"}, {"Y"}, "Y", 3) == 1.0
+    row = {"outcome": {"aligned": 1.0, "quality": 0.7, "over_disclosure": 0.0, "turns": 3}}
+    assert shopper_fidelity(SimpleNamespace(row=row), w_da=1.0, w_q=1.0, w_o=1.0) == pytest.approx(1.7)
+    row["outcome"]["over_disclosure"] = 2 / 3
+    assert shopper_fidelity(SimpleNamespace(row=row), w_da=1.0, w_q=1.0, w_o=0.5) == pytest.approx(1.7 - 1 / 3)
+    assert shopper_fidelity(SimpleNamespace(row={})) is None  # a turn of an episode that never ended
+    with pytest.raises(ValueError, match="judge"):
+        shopper_fidelity(SimpleNamespace(row={"outcome": {**row["outcome"], "quality": None}}), w_q=1.0)
+
+
+def test_over_disclosure_counts_the_criteria_the_first_reply_states():
+    from lmrl.envs.sales import over_disclosure
+
+    persona = {"category": "smartwatch", "budget": 139, "must_have": "water resistant"}
+    assert over_disclosure("Something nice, please.", persona) == 0.0
+    assert over_disclosure("A smartwatch under $139 that is water-resistant.", persona) == 1.0
+    assert over_disclosure("My budget is 139.", persona) == pytest.approx(1 / 3)
+
+
+def test_the_sales_env_hands_the_shopper_role_its_episode_state_with_the_outcome():
+    class Recording(Scripted):
+        def chat(self, messages, max_tokens=None, temperature=None, seed=None, row=None, group=None):
+            self.rows.append((row, group))
+            return super().chat(messages)
+
+    env = SalesEnv(user=Scripted(), max_turns=2)
+    env.user.client = user = Recording("Tell me more.", "LEAVE")
+    user.rows = []
+    row = sales_task(TaskConfig(name="sales", num_train=1, num_eval=0)).train[0]
+    _, state = env.reset(row, seed=3)
+    assert env.step("Hello! What do you need?", state).done is False
+    step = env.step("We have the Tempo Watch.", state)
+    assert step.done and [g for _, g in user.rows] == [row["uid"]] * 2 and all(r is state for r, _ in user.rows)
+    assert state["outcome"]["turns"] == 2 and state["outcome"]["aligned"] == step.info["metrics"]["env/aligned"]

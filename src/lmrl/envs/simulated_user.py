@@ -16,6 +16,7 @@ docs/env_simulated_users.md.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from collections.abc import Mapping
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from lmrl.envs.roles import RoleClient, RoleUser
+from lmrl.envs.roles import RoleUser
 from lmrl.rewards.judge_client import JudgeClient
 
 
@@ -120,8 +121,10 @@ class SimulatedUser:
     def reply(self, system: str, transcript: list[dict[str, str]], seed: int, row: dict[str, Any] | None = None,
               group: str | None = None) -> str:
         """The simulator's next message, given its system prompt and the policy-side transcript; a simulator that is a
-        role of the run records it with `row` (what its reward reads) in its group `group`."""
-        recorded = {"row": row, "group": group} if isinstance(self.client, (RoleUser, RoleClient)) else {}
+        role of the run (its `chat` takes `row` and `group`) records it with `row`, what its reward reads, in its
+        group `group`."""
+        takes = inspect.signature(self.client.chat).parameters
+        recorded = {"row": row, "group": group} if "row" in takes and "group" in takes else {}  # a role's client
         text = self.client.chat(user_view(system, transcript), max_tokens=self.max_tokens,
                                 temperature=self.temperature, seed=seed % 2**31, **recorded)
         return text.strip()
