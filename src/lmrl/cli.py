@@ -265,6 +265,25 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def export_role(cfg, name: str, checkpoint: Path, out: Path, what: str) -> int:
+    """`lmrl export --role NAME`: a trained role's weights in `checkpoint` as a transformers directory (its adapter
+    folded into the base it was trained on)."""
+    from lmrl.loading import role_config
+    from lmrl.models.lora import export_merged
+
+    if name not in cfg.roles:
+        raise ConfigError(f"--role {name}: the run has no such role (its roles: {', '.join(cfg.roles) or 'none'})")
+    spec, own = cfg.roles[name], role_config(cfg, name)
+    saved = checkpoint / "roles" / name / "model"
+    saved = saved / name if spec.model == "adapter" else saved
+    if not saved.exists():
+        raise ConfigError(f"--role {name}: {checkpoint} holds no weights of it (a frozen role, or one playing the "
+                          "policy's weights: export the policy)")
+    export_merged(saved, own.model.path, own.model.lora, out)
+    console.print(f"exported role {name} at {what} to {out} as a causal LM", soft_wrap=True, highlight=False)
+    return 0
+
+
 def cmd_export(args) -> int:
     """A run's checkpoint as a plain transformers directory, LoRA adapters merged into the weights; a run
     that trained a reward model's score head exports a sequence-classification model (a process reward model's
@@ -281,6 +300,8 @@ def cmd_export(args) -> int:
     step = max(by_step) if args.step is None else args.step
     if step not in by_step:
         raise ConfigError(f"{args.run} has no checkpoint at step {step}; it has steps {sorted(by_step)}")
+    if args.role is not None:
+        return export_role(cfg, args.role, by_step[step], Path(args.merge), f"step {step} of {args.run}")
     head = saved_module(by_step[step], "score_head")
     out = export_merged(by_step[step] / "model", cfg.model.path, cfg.model.lora, Path(args.merge),
                         score_weight=None if head is None else head["weight"])
@@ -367,6 +388,7 @@ def parser() -> argparse.ArgumentParser:
                                             "a reward model as a sequence-classification model)")
     x.add_argument("run", help="run directory, e.g. runs/quickstart-...")
     x.add_argument("--step", type=int, help="checkpoint step (default: the latest complete checkpoint)")
+    x.add_argument("--role", help="export this trained role's weights instead of the policy's (docs/roles.md)")
     x.add_argument("--merge", required=True, metavar="OUT_DIR",
                    help="new directory for the merged model (weights, config, tokenizer)")
     x.set_defaults(fn=cmd_export)

@@ -193,3 +193,31 @@ def test_what_a_run_of_roles_refuses_before_any_model_loads(tmp_path, change, me
 
     with pytest.raises(ConfigError, match=message):
         build_config(tree)
+
+
+def test_a_stop_rule_on_a_roles_drift_ends_the_run_when_it_parts_from_its_start(tmp_path):
+    cfg = roles_config(tmp_path, 4, trainer={"steps": 4, "lr": 3e-3, "bf16": False, "seed": 1,
+                                             "stop_when": [{"metric": "role/user/drift/kl", "above": 1e-4}]})
+    rows, s = run_tiny(cfg)
+    done = steps_of(rows)
+    assert len(done) == 2 and done[-1]["role/user/drift/kl"] > 1e-4  # step 1 measures its start (0); step 2 has moved
+    assert "role/user/drift/kl" in done[-1]["stopped"]
+
+
+def test_lmrl_export_of_a_role_gives_the_model_the_role_answered_with(tmp_path, tiny_model_dir, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from lmrl.cli import main
+
+    cfg = roles_config(tmp_path, 1, run={"checkpoint_every": 1},  # the base on disk is the tiny model run_tiny trains
+                       model={"path": str(tiny_model_dir), "lora": {"r": 4, "alpha": 8}})
+    _, s = run_tiny(cfg)
+    out = tmp_path / "shopper-export"
+    assert main(["export", str(Path(cfg.run.output_dir, "toy")), "--role", "user", "--merge", str(out)]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.tensor([make_tokenizer()("hello 7")["input_ids"]])
+    with s.roles["user"].switch(), torch.no_grad():
+        theirs = s.model(ids).logits
+    assert torch.allclose(exported(ids).logits, theirs, atol=1e-5)
+    assert main(["export", str(Path(cfg.run.output_dir, "toy")), "--role", "judge", "--merge", str(tmp_path / "x")]) == 2
+    assert "no such role" in capsys.readouterr().err

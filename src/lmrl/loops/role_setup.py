@@ -132,11 +132,9 @@ def write_roles(roles: dict[str, Role], checkpoint: Path) -> None:
             continue
         where = checkpoint / "roles" / name
         where.mkdir(parents=True)
-        if role.adapter is not None:
-            role.model.save_pretrained(where / "model", selected_adapters=[name], safe_serialization=True)
-        else:
-            role.model.save_pretrained(where / "model", safe_serialization=True)
-            role.tokenizer.save_pretrained(where / "model")
+        role.model.save_pretrained(where / "model", safe_serialization=True,
+                                   **({"selected_adapters": [name]} if role.adapter is not None else {}))
+        role.tokenizer.save_pretrained(where / "model" / (name if role.adapter is not None else ""))
         learner = role.learner
         torch.save({"optimizer": learner.optimizer.state_dict(), "scheduler": learner.scheduler.state_dict()},
                    where / "optim.pt")
