@@ -380,6 +380,9 @@ class RoleConfig(Section):
     # (self-play: its samples join the policy's update); else its own model ("default", a directory, a .gguf file)
     model: str = "adapter"
     trains: bool = True  # false: frozen, it only answers
+    # it also rolls out each step's prompts itself, group_size each, as the policy does (a peer policy learning side
+    # by side: Mutual RL's peers, PRISM's adapters); it needs the policy's tokenizer
+    rollouts: bool = False
     reward: RewardConfig | None = None  # scores its samples (a role that trains must set it)
     algo: dict[str, Any] = Field(default_factory=dict)  # its objective: `algo` keys over the run's
     trainer: dict[str, Any] = Field(default_factory=dict)  # its optimiser: `trainer` keys over the run's (lr, …)

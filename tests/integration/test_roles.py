@@ -221,3 +221,35 @@ def test_lmrl_export_of_a_role_gives_the_model_the_role_answered_with(tmp_path, 
     assert torch.allclose(exported(ids).logits, theirs, atol=1e-5)
     assert main(["export", str(Path(cfg.run.output_dir, "toy")), "--role", "judge", "--merge", str(tmp_path / "x")]) == 2
     assert "no such role" in capsys.readouterr().err
+
+
+def peer_config(tmp_path, steps, **sections):
+    peer = {"model": "adapter", "rollouts": True, "max_new_tokens": 6, "temperature": 1.0, "trainer": {"lr": 1e-2},
+            "reward": {"components": [{"name": "contains_7"}], "accuracy_component": "contains_7"}}
+    return toy_run_config(tmp_path, steps, num_train=16, model={"lora": {"r": 4, "alpha": 8}}, roles={"peer": peer},
+                          rollout={"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6}, **sections)
+
+
+def test_a_peer_role_rolls_out_the_steps_prompts_and_learns_beside_the_policy(tmp_path, monkeypatch):
+    import lmrl.loops.roles as roles
+
+    played, peer_rollouts = [], roles.peer_rollouts
+    monkeypatch.setattr(roles, "peer_rollouts", lambda *a: played.append(peer_rollouts(*a)) or played[-1])
+    rows, s = run_tiny(peer_config(tmp_path, 2))
+    done = steps_of(rows)
+    assert [r["role/peer/samples"] for r in done] == [8.0, 8.0]  # 2 prompts × group_size 4, as the policy's
+    assert all("role/peer/accuracy" in r and "accuracy" in r for r in done)
+    groups = played[0]
+    assert all(g.uid.startswith("peer/") and len(g.samples) == 4 for g in groups)
+    assert all(x.role == "peer" and x.prompt_ids == g.row["prompt_ids"] for g in groups for x in g.samples)
+    assert s.roles["peer"].learner.optimizer_steps == 2 and s.learner.optimizer_steps == 2
+
+
+def test_a_run_with_a_peer_resumes_to_the_straight_runs_metrics(tmp_path):
+    straight, _ = run_tiny(peer_config(tmp_path / "a", 2))
+    cfg = peer_config(tmp_path / "b", 2, run={"output_dir": str(tmp_path / "b" / "runs"), "name": "toy",
+                                             "progress": False, "checkpoint_every": 1})
+    run_tiny(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"steps": 1})}))
+    resumed, _ = run_tiny(cfg, resume=cfg.run.output_dir + "/toy")
+    keep = lambda r: {k: v for k, v in r.items() if not k.startswith(("timing/", "tokens_per_s")) and k != "time"}  # noqa: E731
+    assert [keep(r) for r in steps_of(straight)] == [keep(r) for r in steps_of(resumed)]

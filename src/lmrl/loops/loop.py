@@ -107,7 +107,8 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                 rollout = source.take(step)
                 s.scorer.check_error_rate(rollout.metrics, step)  # the whole batch, or its first chunk
                 if s.roles:  # what the roles sampled: scored; self-play groups join the policy's batch
-                    joined, played = collect_roles(s.roles, step)
+                    joined, played = collect_roles(s.roles, step, [g.row for g in rollout.seen], cfg.env,
+                                                   cfg.rollout.group_size)
                     rollout.kept, rollout.metrics = rollout.kept + joined, {**rollout.metrics, **played}
                 t1 = time.perf_counter()
                 threads = apply_threads(cfg.trainer.threads)

@@ -10,7 +10,7 @@ Each role gets weights, an engine and, when it trains, a learner of its own obje
 
 Its client (`envs.roles.RoleClient`) is what environments and rewards call. A trained role's weights go into
 each checkpoint under `roles/<name>/` (transformers- or peft-loadable), with its optimiser, scheduler, the
-random state of its micro-batch shuffle and its engine's version; `--resume` and a rollback read them back.
+random states of its micro-batch shuffle and of its own rollouts, and its engine's version; `--resume` and a rollback read them back.
 """
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ class Role:
     adapter: str | None = None  # its adapter's name on the policy's base (model: adapter)
     switch: Any = contextlib.nullcontext  # puts its weights in place for a block
     pending: list = field(default_factory=list)  # the scored groups of this step it trains on (`loops.roles`)
+    generator: torch.Generator | None = None  # draws its own rollouts of the step's prompts (`rollouts: true`)
 
     @property
     def joins_policy(self) -> bool:
@@ -70,6 +71,12 @@ def build_roles(cfg: Config, model, tokenizer, engine, device: torch.device) -> 
     if switch is not None and not is_peft(model):
         raise ConfigError("roles with model=adapter need the policy's model to carry LoRA adapters (model.lora)")
     roles = {name: _build_role(name, cfg, model, tokenizer, engine, device, switch) for name in cfg.roles}
+    for index, role in enumerate(roles.values()):
+        if role.spec.rollouts:
+            if role.tokenizer.get_vocab() != tokenizer.get_vocab():
+                raise ConfigError(f"roles.{role.name}.rollouts: its model's tokenizer is not the policy's; a peer "
+                                  "that rolls out the run's prompts reads their token ids")
+            role.generator = torch.Generator().manual_seed(cfg.trainer.seed + 1 + index)
     register_role_clients({name: role.client for name, role in roles.items()})
     return roles, engine if switch is None else SwitchedEngine(engine, lambda: switch.use("default"))
 
@@ -139,6 +146,7 @@ def write_roles(roles: dict[str, Role], checkpoint: Path) -> None:
         torch.save({"optimizer": learner.optimizer.state_dict(), "scheduler": learner.scheduler.state_dict()},
                    where / "optim.pt")
         torch.save({"shuffle": learner.shuffle.get_state(), "version": role.engine.version,
+                    "rollout": None if role.generator is None else role.generator.get_state(),
                     "optimizer_steps": learner.optimizer_steps, "rewards": role.scorer.state_dict()}, where / "state.pt")
 
 
@@ -167,6 +175,8 @@ def read_roles(roles: dict[str, Role], checkpoint: Path) -> None:
         role.learner.scheduler.load_state_dict(optim["scheduler"])
         state = torch.load(where / "state.pt", weights_only=False)
         role.learner.shuffle.set_state(state["shuffle"])
+        if role.generator is not None:
+            role.generator.set_state(state["rollout"])
         role.learner.optimizer_steps = state["optimizer_steps"]
         role.engine.version = state["version"]
         role.scorer.load_state_dict(state["rewards"])

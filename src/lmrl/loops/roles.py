@@ -14,20 +14,24 @@ import contextlib
 
 import torch
 
+from lmrl.envs import rollout
 from lmrl.loops.collect import batch_inputs, learn, rollout_metrics
 from lmrl.loops.batching import to_batch
 from lmrl.loops.role_setup import Role, SwitchedEngine
 from lmrl.types import Group
 
 
-def collect_roles(roles: dict[str, Role], step: int) -> tuple[list[Group], dict[str, float]]:
-    """Score each trained role's samples of step `step`: the groups that join the policy's update, and the
-    roles' metrics (`role/<name>/…`). A role's reward errors above its `reward.max_error_rate` stop the run."""
+def collect_roles(roles: dict[str, Role], step: int, rows: list[dict], env, group_size: int
+                  ) -> tuple[list[Group], dict[str, float]]:
+    """Score each trained role's samples of step `step` (what it answered, and for a peer, `rollouts: true`, its own
+    `group_size` rollouts of each of the step's `rows` in environment `env`): the groups that join the policy's
+    update, and the roles' metrics (`role/<name>/…`). A role's reward errors above its `reward.max_error_rate` stop
+    the run."""
     joined, metrics = [], {}
     for name, role in roles.items():
         if not role.spec.trains:
             continue
-        groups = role.client.take()
+        groups = role.client.take() + (peer_rollouts(role, rows, env, group_size) if role.spec.rollouts else [])
         role.pending = groups
         own = {"samples": float(sum(len(g.samples) for g in groups))}
         if groups:
@@ -39,6 +43,17 @@ def collect_roles(roles: dict[str, Role], step: int) -> tuple[list[Group], dict[
         if role.joins_policy:
             joined += groups
     return joined, metrics
+
+
+def peer_rollouts(role: Role, rows: list[dict], env, group_size: int) -> list[Group]:
+    """The peer role's own rollouts of `rows`, sampled by its engine at its temperature and reply length."""
+    with role.switch():
+        played = rollout(role.engine, role.tokenizer, rows, group_size, role.client.params, role.generator, env)
+    for group in played:
+        group.uid = f"{role.name}/{group.uid}"
+        for sample in group.samples:
+            sample.role = role.name
+    return played
 
 
 def learn_roles(roles: dict[str, Role], step: int) -> dict[str, float]:

@@ -27,6 +27,9 @@ def _roles(cfg: Config) -> None:
         if role.model == "policy" and not role.trains:
             raise ConfigError(f"roles.{name}: model=policy plays the policy's own weights, which train with the "
                               "policy: set trains=true, or give a frozen role a model of its own")
+        if role.rollouts and (not role.trains or role.model == "policy"):
+            raise ConfigError(f"roles.{name}.rollouts: a peer that rolls out the step's prompts trains on them with "
+                              "weights of its own: set trains=true and model adapter or a model of its own")
         if role.trains and role.reward is None:
             raise ConfigError(f"roles.{name} trains but sets no reward (roles.{name}.reward.components) to score "
                               "its samples")
