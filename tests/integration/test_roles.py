@@ -253,3 +253,9 @@ def test_a_run_with_a_peer_resumes_to_the_straight_runs_metrics(tmp_path):
     resumed, _ = run_tiny(cfg, resume=cfg.run.output_dir + "/toy")
     keep = lambda r: {k: v for k, v in r.items() if not k.startswith(("timing/", "tokens_per_s")) and k != "time"}  # noqa: E731
     assert [keep(r) for r in steps_of(straight)] == [keep(r) for r in steps_of(resumed)]
+
+
+def test_a_role_on_the_base_of_a_bf16_policy_answers_under_the_policys_autocast(tmp_path):
+    rows, _ = run_tiny(roles_config(tmp_path, 1, trainer={"steps": 1, "lr": 3e-3, "bf16": True, "seed": 1}))
+    (row,) = steps_of(rows)
+    assert row["env/error"] == 0.0 and row["role/user/samples"] == 8.0

@@ -331,3 +331,18 @@ def test_the_sales_env_hands_the_shopper_role_its_episode_state_with_the_outcome
     step = env.step("We have the Tempo Watch.", state)
     assert step.done and [g for _, g in user.rows] == [row["uid"]] * 2 and all(r is state for r, _ in user.rows)
     assert state["outcome"]["turns"] == 2 and state["outcome"]["aligned"] == step.info["metrics"]["env/aligned"]
+
+
+def test_an_environments_first_exception_of_a_kind_is_printed_with_its_traceback(capsys):
+    from lmrl.envs.episodes import StepPool
+
+    def broken():
+        raise RuntimeError("the shopper's model failed")
+
+    pool = StepPool(2, 5.0)
+    results = pool.run([broken, broken, lambda: 1])
+    assert [p for _, p in results][:2] == ["RuntimeError: the shopper's model failed"] * 2 and results[2] == (1, None)
+    err = capsys.readouterr().err
+    assert err.count("the shopper's model failed") == 2 and "Traceback" in err and "in broken" in err  # once: message + trace
+    pool.run([broken])
+    assert "failed" not in capsys.readouterr().err

@@ -13,12 +13,14 @@ Limits: `env.max_turns` policy turns and `env.max_episode_tokens` tokens after t
 cut to fit; an observation that does not fit ends the episode); either ends it with finish reason
 "length" and is counted. An environment that raises, hangs past the timeout or answers with
 something malformed ends its episode with `Sample.excluded` set (the reason) and is counted; the
-run goes on. docs/environments.md describes the protocol and the conventions.
+run goes on, and the first exception of each kind is printed with its traceback. docs/environments.md describes the protocol and the conventions.
 """
 from __future__ import annotations
 
 import math
+import sys
 import time
+import traceback
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -117,6 +119,8 @@ class StepPool:
                 if futures[i].done():
                     err = futures[i].exception()
                     out[i] = (None, f"{type(err).__name__}: {err}") if err else (futures[i].result(), None)
+                    if err is not None:
+                        show_first(err)
                     pending.discard(i)
                 elif i in started and now - started[i] > self.timeout_s:
                     out[i], hung = (None, f"timeout after {self.timeout_s:g}s"), True
@@ -125,6 +129,21 @@ class StepPool:
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="env")
         return out
+
+
+_SHOWN: set[tuple[str, str]] = set()
+
+
+def show_first(err: BaseException) -> None:
+    """Print an environment's exception with its traceback the first time one of its kind (type and message) is
+    raised in this process: its episode is excluded and counted (`env/error`), never silently."""
+    key = (type(err).__name__, str(err)[:200])
+    if key in _SHOWN:
+        return
+    _SHOWN.add(key)
+    trace = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    print(f"env: an episode was excluded (counted in env/error; later ones like it are not printed):\n{trace}",
+          file=sys.stderr, flush=True)
 
 
 def episode_seeds(generator: torch.Generator | None, count: int) -> list[int]:

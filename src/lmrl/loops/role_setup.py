@@ -32,6 +32,7 @@ from lmrl.learners import Learner
 from lmrl.loading import role_config
 from lmrl.models import load_model, load_tokenizer, resolve_model_path
 from lmrl.models.lora import ADAPTER_FILE, AdapterSwitch, apply_lora
+from lmrl.models.precision import resolve_bf16
 from lmrl.models.weights import is_peft
 from lmrl.rewards import RewardScorer
 
@@ -102,14 +103,15 @@ def _build_role(name: str, cfg: Config, model, tokenizer, engine, device, switch
         if not spec.trains:
             role_model.eval().requires_grad_(False)
     pad = role_tokenizer.pad_token_id if role_tokenizer.pad_token_id is not None else role_tokenizer.eos_token_id
-    role_engine = HFEngine(role_model, eos_ids(role_tokenizer, role_model), pad)
+    bf16 = resolve_bf16(own.trainer.bf16, device)  # as the policy's: a LoRA base kept in bf16 runs under autocast
+    role_engine = HFEngine(role_model, eos_ids(role_tokenizer, role_model), pad, bf16=bf16)
     client = RoleClient(name, role_engine, role_tokenizer, params, trains=spec.trains, switch=use)
     role = Role(name, spec, own, client, role_tokenizer, role_engine, role_model, switch=use,
                 adapter=name if spec.model == "adapter" else None)
     if spec.trains:
         role.algorithm = Algorithm(own.algo, own.rollout.max_new_tokens)
         with use():  # its learner trains what is trainable now: its adapter, or its own model
-            role.learner = Learner(role_model, own.trainer, spec.temperature, needs_reference=True,
+            role.learner = Learner(role_model, own.trainer, spec.temperature, needs_reference=True, bf16=bf16,
                                    critic=role.algorithm.critic, critic_lr=own.algo.critic_lr)
         role.scorer = RewardScorer(own.reward)
     return role
