@@ -92,6 +92,21 @@ def test_a_resumed_mixture_is_the_straight_run_tiny(tmp_path):
     assert pick(resumed) == pytest.approx(pick(straight), rel=1e-5)
 
 
+def test_a_resumed_progress_mixture_is_the_straight_run_tiny(tmp_path):
+    from lmrl.loading import load_run_config
+
+    knobs = {"sampling": "progress", "progress_window": 1, "progress_floor": 0.5}
+    straight, _ = run_tiny(mixture_config(tmp_path / "a", 4, **knobs))
+    run_tiny(mixture_config(tmp_path / "b", 2, **knobs))
+    run_dir = tmp_path / "b" / "runs" / "toy"
+    resumed, _ = run_tiny(load_run_config(run_dir, ["trainer.steps=4"]), resume=run_dir)
+    keys = ("mixture/sevens/weight", "mixture/threes/progress", "mixture/threes/prompts", "reward/mean", "loss")
+    pick = lambda rows: [r[k] for r in rows if "reward/mean" in r and r["step"] > 2 for k in keys]  # noqa: E731
+    assert pick(resumed) == pytest.approx(pick(straight), rel=1e-5)
+    weights = [r["mixture/sevens/weight"] for r in straight if "reward/mean" in r]
+    assert weights[0] == 0.75 and len(set(weights)) > 1  # the weight shares first, then moved by progress
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda t: t[1].update(name="sevens"), "the name 'sevens' is used twice"),
     (lambda t: t[0].update(data={"group_filter": "nonzero_std"}), r"mixture.tasks\[0\] \(sevens\).data.group_filter: "
