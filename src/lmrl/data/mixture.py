@@ -154,6 +154,14 @@ class MixtureSampler:
             self.progress.load_state_dict(state["progress"])
 
 
+def zero_variance_share(groups: list[Group]) -> float:
+    """The share of `groups` (those with a reward) whose scored samples all got the same reward: a
+    group-relative estimator learns nothing from them."""
+    rewards = [[x.reward for x in g.scored if x.reward is not None] for g in groups]
+    rewarded = [r for r in rewards if r]
+    return sum(max(r) == min(r) for r in rewarded) / len(rewarded) if rewarded else 0.0
+
+
 class MixtureScorer:
     """Scores each group with its task's own `RewardScorer`; metrics for the whole batch and per task."""
 
@@ -169,7 +177,8 @@ class MixtureScorer:
 
     def score(self, groups: list[Group], held_out: bool = False) -> dict[str, float]:
         """Each task's groups scored by its scorer; a share metric is the batch's (sample-weighted), every metric
-        also under `task/<name>/…`."""
+        also under `task/<name>/…`, with the share of the task's groups without a reward contrast
+        (`zero_variance_share`)."""
         out: dict[str, float] = {}
         weighted: dict[str, float] = {}
         total = 0
@@ -180,6 +189,7 @@ class MixtureScorer:
             n = sum(len(g.samples) for g in own)
             metrics = scorer.score(own, held_out=held_out)
             out.update({f"task/{name}/{k}": v for k, v in metrics.items()})
+            out[f"task/{name}/zero_variance_groups"] = zero_variance_share(own)
             for k, v in metrics.items():
                 weighted[k] = weighted.get(k, 0.0) + v * n
             total += n
