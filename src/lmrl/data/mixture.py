@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from lmrl.config import Config
+from lmrl.config import Config, MixtureConfig
 from lmrl.data.samplers import build_sampler, sampler_metrics
 from lmrl.envs.mixture import TASK_FIELD, MixtureEntry, task_shares
 from lmrl.rewards import RewardScorer
@@ -60,7 +60,7 @@ class LearningProgress:
     so a task with weight > 0 never gets less than ε·π_k; while every m_k is 0, p = π. A task not drawn keeps
     its m_k (nothing new is known of it)."""
 
-    def __init__(self, mixture, names: list[str]):
+    def __init__(self, mixture: MixtureConfig, names: list[str]):
         self.window, self.smoothing, self.floor = mixture.progress_window, mixture.progress_smoothing, \
             mixture.progress_floor
         self.history: dict[str, list[float]] = {n: [] for n in names}
