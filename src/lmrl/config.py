@@ -366,10 +366,13 @@ class MixtureConfig(Section):
 
     tasks: list[MixtureTask] = Field(default_factory=list)  # empty: the run's one task
     # proportional: p ∝ weight; temperature: p ∝ (weight · training rows)^(1/temperature); schedule: p ∝ the
-    # weights `schedule` gives the step
-    sampling: Literal["proportional", "temperature", "schedule"] = "proportional"
+    # weights `schedule` gives the step; progress: by each task's learning progress (the three knobs below)
+    sampling: Literal["proportional", "temperature", "schedule", "progress"] = "proportional"
     temperature: float = Field(1.0, gt=0)
     schedule: list[MixturePoint] = Field(default_factory=list)
+    progress_window: int = Field(2, ge=1)  # progress = |score now − score `progress_window` observations ago|
+    progress_smoothing: float = Field(0.5, ge=0, lt=1)  # EMA: m ← smoothing·m + (1 − smoothing)·progress
+    progress_floor: float = Field(0.2, ge=0, le=1)  # p = floor·(weight share) + (1 − floor)·(progress share)
 
 
 class RoleConfig(Section):

@@ -71,6 +71,8 @@ def test_each_task_is_sampled_by_its_share_scored_by_its_reward_and_evaluated_ap
         assert "task/sevens/reward/contains_3" not in r and "reward/contains_7" not in r  # no cross-task mean
         weighted = (24 * r["task/sevens/accuracy"] + 8 * r["task/threes/accuracy"]) / 32  # 3 and 1 groups of 8
         assert r["accuracy"] == pytest.approx(weighted)
+        assert r["task/sevens/advantage_share"] + r["task/threes/advantage_share"] == pytest.approx(1.0)
+        assert 0.0 <= r["task/threes/zero_variance_groups"] <= 1.0
     rows = {e.name: e for e in stages.mixture.values()}
     assert {r["uid"].split("/")[0] for r in rows["threes"].train_rows} == {"threes"}
     final = [r for r in logged if "eval/accuracy" in r][-1]
@@ -78,6 +80,25 @@ def test_each_task_is_sampled_by_its_share_scored_by_its_reward_and_evaluated_ap
     assert final["eval/num_prompts"] == 6
     assert final["eval/accuracy"] == pytest.approx((4 * final["eval/task/sevens/accuracy"]
                                                     + 2 * final["eval/task/threes/accuracy"]) / 6)
+
+
+def test_task_std_gets_each_row_s_task_from_the_batch(tmp_path, monkeypatch):
+    import functools
+
+    from lmrl.algos.advantages import ADVANTAGES, grpo
+
+    seen = []
+
+    @functools.wraps(grpo)
+    def recording(*args, **kwargs):
+        seen.append(kwargs)
+        return grpo(*args, **kwargs)
+
+    monkeypatch.setitem(ADVANTAGES._items, "grpo", recording)
+    cfg = mixture_config(tmp_path, 1)
+    run_tiny(cfg.model_copy(update={"algo": cfg.algo.model_copy(update={"advantage_params": {"task_std": True}})}))
+    # 3 sevens prompts, then 1 threes prompt, of 8 samples each; the tasks by name: sevens 0, threes 1
+    assert seen[0]["task_std"] is True and seen[0]["task_index"].tolist() == [0] * 24 + [1] * 8
 
 
 def test_a_resumed_mixture_is_the_straight_run_tiny(tmp_path):
@@ -90,6 +111,21 @@ def test_a_resumed_mixture_is_the_straight_run_tiny(tmp_path):
     keys = ("reward/mean", "task/sevens/accuracy", "task/threes/reward/mean", "mixture/threes/prompts", "loss")
     pick = lambda rows: [r[k] for r in rows if "reward/mean" in r and r["step"] > 2 for k in keys]  # noqa: E731
     assert pick(resumed) == pytest.approx(pick(straight), rel=1e-5)
+
+
+def test_a_resumed_progress_mixture_is_the_straight_run_tiny(tmp_path):
+    from lmrl.loading import load_run_config
+
+    knobs = {"sampling": "progress", "progress_window": 1, "progress_floor": 0.5}
+    straight, _ = run_tiny(mixture_config(tmp_path / "a", 4, **knobs))
+    run_tiny(mixture_config(tmp_path / "b", 2, **knobs))
+    run_dir = tmp_path / "b" / "runs" / "toy"
+    resumed, _ = run_tiny(load_run_config(run_dir, ["trainer.steps=4"]), resume=run_dir)
+    keys = ("mixture/sevens/weight", "mixture/threes/progress", "mixture/threes/prompts", "reward/mean", "loss")
+    pick = lambda rows: [r[k] for r in rows if "reward/mean" in r and r["step"] > 2 for k in keys]  # noqa: E731
+    assert pick(resumed) == pytest.approx(pick(straight), rel=1e-5)
+    weights = [r["mixture/sevens/weight"] for r in straight if "reward/mean" in r]
+    assert weights[0] == 0.75 and len(set(weights)) > 1  # the weight shares first, then moved by progress
 
 
 @pytest.mark.parametrize("change, message", [

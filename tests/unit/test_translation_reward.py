@@ -1,10 +1,14 @@
 """translation: chrF / BLEU against the row's references, hand-computed and cross-checked against sacrebleu's
 command line; the source copied back, n-gram soup, empty and hundredfold replies do not pay; the language gate
-and the QE slot."""
+and the QE slot; MiLMMT's language-gated mean of two QE models (by hand with stubs, and two tiny models)."""
+import math
+
 import pytest
+import torch
+from transformers import LlamaConfig, LlamaForSequenceClassification
 
 from lmrl.rewards import REWARD_FNS
-from lmrl.rewards.translation import TranslationScore
+from lmrl.rewards.translation import TranslationScore, unit_score
 from lmrl.types import Sample
 
 SOURCE = "The dog sleeps in the garden under the old tree."
@@ -87,3 +91,62 @@ def test_qe_model_slot_loads_a_model_or_says_what_it_needs(tmp_path, tiny_model_
                row={"question": "Translate: " + SOURCE, "source": SOURCE, "reference": REFERENCE})
     qe = with_qe.qe(s)
     assert 0.0 < qe < 1.0 and with_qe(s) == pytest.approx((1.0 + qe) / 2)
+
+
+def test_milmmt_rule_by_hand_with_stub_scorers():
+    # r = 1[LID(y) = target] · ½(QE1 + QE2): right language, QE 0.8 and 0.6 -> 0.7; wrong language -> 0
+    milmmt = TranslationScore()
+    milmmt.qe_models = [lambda s: 0.8, lambda s: 0.6]
+    row = {"source": SOURCE, "target_lang": "de"}  # no reference: the rule is reference-free
+    assert milmmt.estimated(sample(REFERENCE, row)) == pytest.approx(0.7)
+    assert milmmt.estimated(sample("Le chien dort dans le jardin sous le vieil arbre.", row)) == 0.0
+    assert milmmt.estimated(sample(SOURCE, {**row, "target_lang": "en"})) == 0.0  # a copy in the "right" language
+    assert milmmt.estimated(sample("  ", row)) == 0.0
+
+
+def sample(text, row):
+    return Sample(prompt_ids=[1], completion_ids=[0], behaviour_logprobs=[0.0], text=text, row=row)
+
+
+def test_qe_scores_on_a_unit_scale():
+    assert unit_score(0.0, None, False) == 0.5  # sigmoid(0)
+    assert unit_score(math.log(4), None, True) == pytest.approx(0.2)  # 1 - sigmoid(ln 4) = 1 - 0.8
+    # an error metric on [0, 25] (MetricX-type): 5 errors -> 0.2, inverted 0.8; out of range clipped
+    assert unit_score(5.0, [0, 25], True) == pytest.approx(0.8)
+    assert unit_score(30.0, [0, 25], False) == 1.0 and unit_score(-1.0, [0, 25], True) == 1.0
+
+
+def test_two_tiny_qe_models_from_disk(tokenizer, tmp_path):
+    dirs = []
+    for seed in (0, 1):
+        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                             num_attention_heads=4, num_key_value_heads=4, num_labels=1,
+                             pad_token_id=tokenizer.pad_token_id)
+        torch.manual_seed(seed)
+        LlamaForSequenceClassification(config).save_pretrained(tmp_path / f"qe{seed}")
+        tokenizer.save_pretrained(tmp_path / f"qe{seed}")
+        dirs.append(str(tmp_path / f"qe{seed}"))
+    milmmt = Translation(qe_models=[dirs[0], {"path": dirs[1], "invert": True}], languages=["de", "en", "fr"])
+    source, reply = "the dog sleeps in the garden.", "der hund schlaeft im garten."
+    row = {"source": source, "target_lang": "de"}
+
+    def logit(path):  # the model's own forward on (source, reply) through the chat template
+        model = LlamaForSequenceClassification.from_pretrained(path).eval()
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": source},
+                                             {"role": "assistant", "content": reply}], tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        with torch.no_grad():
+            return float(model(input_ids=torch.tensor([list(ids)])).logits[0, 0])
+
+    sigmoid = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    expected = (sigmoid(logit(dirs[0])) + 1 - sigmoid(logit(dirs[1]))) / 2
+    assert milmmt(sample(reply, row)) == pytest.approx(expected, abs=1e-5)
+    assert milmmt(sample(reply, {**row, "target_lang": "fr"})) == 0.0
+    with pytest.raises(ValueError, match="or qe_models .*, not both"):
+        Translation(qe_model=dirs[0], qe_models=[dirs[1]])
+    with pytest.raises(ValueError, match="each of qe_models is a path or"):
+        Translation(qe_models=[{"path": dirs[0], "scale": 2}])
+    with pytest.raises(ValueError, match="range must be"):
+        Translation(qe_models=[{"path": dirs[0], "range": [1, 0]}])
+    with pytest.raises(ValueError, match="could not be loaded"):
+        Translation(qe_models=["/no/such/qe"])

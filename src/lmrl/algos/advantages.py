@@ -79,11 +79,34 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -
     return (values - mean) * torch.rsqrt(var + eps) * mask
 
 
-@ADVANTAGES.register("grpo", "GRPO: (r - group mean) / (group std + eps), broadcast to tokens", group_relative=True,
-                     group_local=True)
-def grpo(token_rewards, group_index, mask, eps: float = 1e-6, norm_by_std: bool = True, **_):
+def whiten_by_task(values: torch.Tensor, mask: torch.Tensor, task_index: torch.Tensor | None) -> torch.Tensor:
+    """`masked_whiten` over each task's valid tokens apart (`task_index` [B]; None: one task)."""
+    if task_index is None:
+        return masked_whiten(values, mask)
+    out = torch.zeros_like(values, dtype=torch.float)
+    for task in torch.unique(task_index):
+        rows = task_index == task
+        out[rows] = masked_whiten(values[rows], mask[rows])
+    return out
+
+
+def _not_task_std(knobs) -> bool:
+    return not knobs.get("task_std", False)
+
+
+@ADVANTAGES.register("grpo", "GRPO: (r - group mean) / (group std + eps), broadcast to tokens; task_std: / the std "
+                     "of the task's rewards in the batch", group_relative=True, group_local=True,
+                     group_local_when=_not_task_std)
+def grpo(token_rewards, group_index, mask, eps: float = 1e-6, norm_by_std: bool = True, task_std: bool = False,
+         task_index=None, **_):
+    """`task_std` (docs/mixtures.md): the group-centred rewards divided by the unbiased std of all rewards of
+    the row's task in the batch (`task_index`, the mixture's tasks; None: the batch is one task) instead of
+    the group's, so a task with a small reward scale is not blown up group by group."""
     scores = token_rewards.sum(dim=1)
     mean, std = group_mean_std(scores, group_index)
+    if task_std:
+        tasks = task_index if task_index is not None else torch.zeros_like(group_index)
+        _, std = group_mean_std(scores, tasks)
     adv = scores - mean
     if norm_by_std:
         adv = adv / (std + eps)
@@ -107,19 +130,23 @@ def rloo(token_rewards, group_index, mask, **_):
     return (factor * (scores - mean)).unsqueeze(1) * mask
 
 
-@ADVANTAGES.register("reinforce_pp", "REINFORCE++: discounted return-to-go, whitened over the batch's tokens")
-def reinforce_pp(token_rewards, group_index, mask, gamma: float = 1.0, **_):
-    return masked_whiten(discounted_returns(token_rewards, mask, gamma), mask)
+@ADVANTAGES.register("reinforce_pp", "REINFORCE++: discounted return-to-go, whitened over the batch's tokens "
+                     "(over each task's with whiten_per_task)")
+def reinforce_pp(token_rewards, group_index, mask, gamma: float = 1.0, whiten_per_task: bool = False,
+                 task_index=None, **_):
+    returns = discounted_returns(token_rewards, mask, gamma)
+    return whiten_by_task(returns, mask, task_index) if whiten_per_task else masked_whiten(returns, mask)
 
 
 @ADVANTAGES.register(
-    "reinforce_pp_baseline", "REINFORCE++ with a group-mean baseline, whitened over the batch's tokens",
-    group_relative=True,
+    "reinforce_pp_baseline", "REINFORCE++ with a group-mean baseline, whitened over the batch's tokens (over each "
+    "task's with whiten_per_task)", group_relative=True,
 )
-def reinforce_pp_baseline(token_rewards, group_index, mask, **_):
+def reinforce_pp_baseline(token_rewards, group_index, mask, whiten_per_task: bool = False, task_index=None, **_):
     scores = token_rewards.sum(dim=1)
     mean, _ = group_mean_std(scores, group_index)
-    return masked_whiten((scores - mean).unsqueeze(1) * mask, mask)
+    centred = (scores - mean).unsqueeze(1) * mask
+    return whiten_by_task(centred, mask, task_index) if whiten_per_task else masked_whiten(centred, mask)
 
 
 @ADVANTAGES.register("xgrpo", "XGRPO: GRPO on own rollouts with the baseline pooled over own and peer rewards",

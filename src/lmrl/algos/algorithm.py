@@ -32,6 +32,18 @@ from lmrl.config import AlgoConfig
 from lmrl.types import Batch
 
 
+def task_advantage_shares(batch: Batch) -> dict[str, float]:
+    """Each mixture task's share of the policy gradient, `task/<name>/advantage_share`: Σ|A| over its rows'
+    valid tokens ÷ the batch's (the tasks of the `task_index` input; nothing for a run of one task)."""
+    names, index = batch.context.get("task_names", []), batch.row_extras.get("task_index")
+    if len(names) < 2 or index is None:
+        return {}
+    mass = (batch.advantages.abs() * (batch.completion_mask > 0)).sum(dim=1)
+    total = float(mass.sum())
+    return {f"task/{name}/advantage_share": float(mass[index == i].sum()) / total if total > 0 else 0.0
+            for i, name in enumerate(names)}
+
+
 @dataclass
 class Algorithm:
     """`policy_gradient=False`: the batches are trained by their listed terms alone (`batches.source`: an offline
@@ -255,6 +267,7 @@ class Algorithm:
         valid = batch.advantages[mask > 0]
         metrics["advantage/mean"] = float(valid.mean()) if valid.numel() else 0.0
         metrics["advantage/abs_mean"] = float(valid.abs().mean()) if valid.numel() else 0.0
+        metrics.update(task_advantage_shares(batch))
         return metrics
 
     def _shaper_inputs(self, batch: Batch) -> dict:

@@ -17,12 +17,17 @@ class AdvantageSpec:
     state: type | None = None  # kept between steps and saved in checkpoints (algos/state.py)
     group_relative: bool = False  # compares the samples of one prompt: needs rollout.group_size >= 2
     group_local: bool = False  # a group's advantages read its own rows only (no batch statistics): streamable
+    group_local_when: Callable[[dict[str, Any]], bool] | None = None  # knobs under which group_local holds
     critic: bool = False  # reads a value head's values; needs algo.critic=true
     value_targets: Callable[..., Any] | None = None  # the critic's regression targets (critic estimators)
     hidden_layer: int = -1  # which hidden states "hidden" means (index into the decoder's hidden states)
 
     def __post_init__(self):
         object.__setattr__(self, "requires", frozenset(self.requires))
+
+    def is_group_local(self, knobs: dict[str, Any]) -> bool:
+        """Whether, with these `algo.advantage_params`, a group's advantages read its own rows only."""
+        return self.group_local and (self.group_local_when is None or self.group_local_when(knobs))
 
 
 @dataclass(frozen=True)

@@ -132,17 +132,20 @@ def load_mixture(cfg: Config, tokenizer) -> tuple[list[MixtureEntry], TaskData, 
 
 
 def most_share(mixture: MixtureConfig, entry: MixtureEntry, entries: list[MixtureEntry]) -> float:
-    """The largest share of a step's prompts `entry` can get by `mixture.sampling` (its rows loaded)."""
+    """The largest share of a step's prompts `entry` can get by `mixture.sampling` (its rows loaded); by
+    progress, its floor of its weight share plus all the rest (`lmrl.data.mixture.LearningProgress`)."""
     steps = [p.step for p in mixture.schedule] if mixture.sampling == "schedule" else [1]
-    return max(task_shares(mixture, entries, step)[entry.name] for step in steps)
+    most = max(task_shares(mixture, entries, step)[entry.name] for step in steps)
+    return mixture.progress_floor * most + 1 - mixture.progress_floor if mixture.sampling == "progress" else most
 
 
 def task_shares(mixture: MixtureConfig, entries: list[MixtureEntry], step: int) -> dict[str, float]:
     """p_k, each task's share of step `step`'s prompts (summing to 1): proportional, p ∝ weight; temperature,
     p ∝ (weight · training rows)^(1/temperature); schedule, p ∝ the weights at `step`, linear between the
-    schedule's points and held before the first and after the last."""
+    schedule's points and held before the first and after the last; progress, p ∝ weight here, the prior
+    that the sampler moves by each task's learning progress (`lmrl.data.mixture.LearningProgress`)."""
     names = [e.name for e in entries]
-    if mixture.sampling == "proportional":
+    if mixture.sampling in ("proportional", "progress"):
         raw = {e.name: e.weight for e in entries}
     elif mixture.sampling == "temperature":
         raw = {e.name: (e.weight * len(e.train_rows)) ** (1.0 / mixture.temperature) for e in entries}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from lmrl.algos.multi_reward import modality_mask
+from lmrl.envs.mixture import TASK_FIELD
 from lmrl.inputs.registry import PROVIDERS, InputContext
 from lmrl.inputs.vocabulary import ROW_FIELD_INPUTS
 from lmrl.types import Batch
@@ -26,6 +27,16 @@ def accuracy(batch: Batch, ctx: InputContext) -> None:
             acc.append(c)
             group_acc.append(sum(correct) / len(correct))
     batch.extras.update(acc=torch.tensor(acc), group_acc=torch.tensor(group_acc))
+
+
+@PROVIDERS.register("task_index", "each row's mixture task (its row's `task` field) as an index [B] into the batch "
+                    "context's `task_names` (sorted); 0 and no names in a run of one task",
+                    needs={"rows"}, always=True)
+def task_index(batch: Batch, ctx: InputContext) -> None:
+    tasks = [r.get(TASK_FIELD) if isinstance(r.get(TASK_FIELD), str) else "" for r in ctx.rows]
+    names = sorted(set(tasks) - {""})
+    batch.row_extras["task_index"] = torch.tensor([names.index(t) if t else 0 for t in tasks], dtype=torch.long)
+    batch.context["task_names"] = names
 
 
 @PROVIDERS.register("reward_components", "each reward component's score [B, K] in the order of reward.components "

@@ -396,10 +396,11 @@ class RewardModelScore:
     any such token each sample is its own forward. `tokens="sample"` scores the sample's own token ids
     (prompt and completion as the policy has them, nothing re-tokenised): for a reward model trained on the
     policy's rollouts with its tokenizer (`batches.source=rollout_pairs`, docs/stages/reward_model.md).
+    `question_field`: the row field scored with the reply (a translation QE model reads the source).
     Confidence high (standard scalar RM)."""
 
     def __init__(self, path: str, label: int = 0, squash: str | None = None, max_length: int = 2048,
-                 device: str = "cpu", batch_size: int = 16, tokens: str = "text"):
+                 device: str = "cpu", batch_size: int = 16, tokens: str = "text", question_field: str = "question"):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -418,7 +419,7 @@ class RewardModelScore:
         self.pad_id = self.model.config.pad_token_id
         self.batch_size = batch_size if self.pad_id is not None else 1
         self.label, self.squash, self.max_length, self.device = label, squash, max_length, device
-        self.tokens = tokens
+        self.tokens, self.question_field = tokens, question_field
         self.lock = threading.Lock()
 
     def encode(self, question: str, reply: str) -> list[int]:
@@ -436,7 +437,7 @@ class RewardModelScore:
     def score_batch(self, samples: list[Sample]) -> list[float]:
         """The score of each sample, `batch_size` samples per forward."""
         encoded = [s.input_ids[-self.max_length:] if self.tokens == "sample" else
-                   self.encode(str(s.row.get("question", "")), s.text) for s in samples]
+                   self.encode(str(s.row.get(self.question_field, "")), s.text) for s in samples]
         scores: list[float] = []
         for start in range(0, len(encoded), self.batch_size):
             scores += self._forward(encoded[start: start + self.batch_size])

@@ -66,7 +66,9 @@ def streaming_problems(cfg: Config) -> list[str]:
     a, t = cfg.algo, cfg.trainer
     advantage, loss = ADVANTAGES.spec(a.advantage), LOSSES.spec(a.loss)
     checks = [
-        (not advantage.group_local, f"algo.advantage={a.advantage} does not declare group_local=True: its "                                     "advantages may read statistics of the whole batch"),
+        (not advantage.is_group_local(a.advantage_params), f"algo.advantage={a.advantage} does not declare "
+         f"group_local=True with algo.advantage_params={a.advantage_params}: its advantages may read statistics of "
+         "the whole batch"),
         (a.group_by is not None, "algo.group_by pools advantage groups across prompts, which chunks split"),
         *((SHAPERS.spec(s.name).whole_batch, f"the {s.name!r} shaper (algo.shaping) reads the whole batch")
           for s in active_shapers(a)),
