@@ -68,6 +68,9 @@ def test_a_real_edit_is_scored_and_recorded():
     assert r == pytest.approx(geometric_mean(list(info["scores"].values())))
     assert round(r, 3) == 0.416
     assert molecule_status(s) == {"valid": 1.0, "success": 0.0, "missing": 0.0}  # pLogP below its target
+    # QED alone: 0.696 reaches 0.650 and the similarity 0.643 is over 0.6, a success
+    assert molecule_status(sample("Answer: COc1ccccc1C(=O)O"), task="qed") == {"valid": 1.0, "success": 1.0,
+                                                                               "missing": 0.0}
 
 
 def test_returning_the_source_scores_low_even_written_differently():
@@ -88,6 +91,7 @@ def test_returning_the_source_scores_low_even_written_differently():
     ("Answer: C1CC", "not a valid molecule"),
     ("Answer: c1cccc1", "not a valid molecule"),  # a five-membered aromatic carbon ring does not kekulize
     ("Answer: C(C)(C)(C)(C)C", "not a valid molecule"),  # pentavalent carbon
+    ("Answer: " + "C" * 401, "longer than 400 characters"),  # refused before RDKit parses it
     ("COc1ccccc1C(=O)O", "no answer"),  # no marker
     ("Answer: COc1ccccc1C(=O)O\nAnswer: CCO", "no answer"),  # two different answers are a hedge
 ])
@@ -112,7 +116,7 @@ def test_properties_without_an_oracle_are_missing_not_zero(tmp_path):
     info = s.info["molecule"]
     assert info["missing"] == ["bbbp"] and set(info["scores"]) == {"qed", "sim"}
     assert r == pytest.approx(geometric_mean([info["scores"]["qed"], info["scores"]["sim"]]))
-    assert molecule_status(s, task="qed+bbbp")["missing"] == 1.0
+    assert molecule_status(s, task="qed+bbbp") == {"valid": 1.0, "success": 0.0, "missing": 1.0}
     # an ADMET model in the slot: a function of the SMILES (here a stand-in: 0.9 for the edit, 0.5 for aspirin)
     model = tmp_path / "admet.py"
     model.write_text(f"def bbbp(smiles):\n    return 0.5 if smiles == {ASPIRIN!r} else 0.9\n")

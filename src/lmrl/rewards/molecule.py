@@ -30,6 +30,7 @@ SIM_THRESHOLD, SIM_SLOPE = 0.6, 60.0
 # the released code's pLogP normalisation: ZINC250k means and deviations of logP, −SA and the ring penalty
 PLOGP_NORMS = {"logp": (2.4570953396190123, 1.434324401111988), "sa": (-3.0525811293166134, 0.8335207024513095),
                "cycle": (-0.0485696876403053, 0.2860212110245455)}
+MAX_SMILES_CHARS = 400  # a longer reply is refused unparsed (drug-like molecules take under 150)
 _SMILES = re.compile(r"^[A-Za-z0-9@+\-\[\]()=#$:/\\%.*]+$")
 RDKIT_MISSING = "the molecule reward needs RDKit: pip install rdkit (it is in lmrl's test extra: pip install 'lmrl[test]')"
 
@@ -132,6 +133,8 @@ def tanimoto(a, b) -> float:
 def parse_molecule(smiles: str):
     """(the RDKit molecule, its canonical SMILES) of a single-fragment SMILES, or (None, why not)."""
     chem = _chem().Chem
+    if len(smiles) > MAX_SMILES_CHARS:
+        return None, f"longer than {MAX_SMILES_CHARS} characters"
     if not _SMILES.match(smiles):
         return None, "not a SMILES string (one token of SMILES characters)"
     mol = chem.MolFromSmiles(smiles)
@@ -240,7 +243,7 @@ def grade(sample: Sample, task: str = "qed+plogp", similarity: bool = True, sour
         graded.values[name], graded.scores[name], graded.targets[name] = new, score, target
         reached.append(new >= target if PROPERTIES[name].maximise else new <= target)
     graded.reward = geometric_mean(list(graded.scores.values()))
-    graded.success = bool(reached) and all(reached) and not graded.same_as_source
+    graded.success = all(reached) and not graded.missing and not graded.same_as_source
     return graded
 
 
@@ -263,7 +266,7 @@ def molecule_reward(sample: Sample, task: str = "qed+plogp", similarity: bool = 
 
 
 @REWARD_FNS.register("molecule_status", "the molecule reward's verdicts as parts: valid (one parsable molecule), "
-                                        "success (every property reached its target, sim >= 0.6, not the source), "
+                                        "success (every property scored and at its target, sim >= 0.6, not the source), "
                                         "missing (properties without an oracle)")
 def molecule_status(sample: Sample, task: str = "qed+plogp", similarity: bool = True, source_field: str = "source",
                     targets_field: str = "targets", oracles: dict[str, str] | None = None,
