@@ -11,6 +11,7 @@
     python -m lmrl.task_files critic_rows OUT.jsonl --rollouts RUN/rollouts.jsonl [--accuracy answer] [--k 4]
     python -m lmrl.task_files steps RECIPE OUT.jsonl [overrides] [--model PATH] [--prompts N] [--solutions 4]
         [--k 4] [--separator '\\n'] [--max-steps S] [--hard]
+    python -m lmrl.task_files hit_counts RECIPE OUT.jsonl [overrides] [--samples 128] [--rows N]
 
 `peers`: the recipe's training rows with another model's rollouts, for Mutual RL's PRP
 (`data.demonstrations: peers`, lmrl.data.peers). `teacher_samples`: a teacher's completions of the training
@@ -18,8 +19,10 @@ prompts as an SFT dataset, for sequence-level distillation (`batches.source: sft
 with `--min-reward`, only those the recipe's reward scores at least R). `hints`: each row's knowledge points chosen by the
 recipe's own policy, for KnowRL (`data.demonstrations: hints`, lmrl.data.hints). `steps`: Math-Shepherd
 step labels of the policy's own solutions from Monte-Carlo continuations, a process-reward-model dataset
-(lmrl.data.step_labels). Each of these loads the config, the model and the task as a run would, then writes
-one JSON line per training row (`steps`: per solution).
+(lmrl.data.step_labels). `hit_counts`: each training fact of a recall task with the number of `--samples`
+replies the recipe's accuracy component grades correct, and its split by that count (lmrl.data.hit_counts).
+Each of these loads the config, the model and the task as a run would, then writes one JSON line per training
+row (`steps`: per solution).
 `judge_rows`: GRRM judge prompts over a run's recorded groups (or preference pairs) with their
 reference scores, for the `grrm_judge` recipe; `rubric_rows`: EVOLM's rubric-writing prompts with a
 newer and an older reply of each prompt, for the `evolm_generator` recipe (lmrl.data.judge_rows,
@@ -146,6 +149,27 @@ def _written(p: argparse.ArgumentParser, out: Path, rows: list[dict], skipped, w
         p.error(f"no {what}: {why_none}{_skipped(skipped)}")
     write_rows(out, rows)
     print(f"{len(rows)} {what} written to {out}{_skipped(skipped)}")
+    return 0
+
+
+def hit_counts(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from lmrl.data.hit_counts import hit_count_rows
+    from lmrl.loading import load_config
+
+    if a.samples < 1 or (a.rows is not None and a.rows < 1):
+        p.error("--samples and --rows must be >= 1")
+    cfg = load_config(a.recipe, a.overrides)
+    engine, tokenizer, train, generator = policy_and_rows(cfg, a.rows)
+    bar, _ = _progress("hit counts")
+    with bar:
+        task = bar.add_task("facts", total=len(train))
+        rows = hit_count_rows(cfg, train, engine, tokenizer, a.samples, generator, lambda n: bar.advance(task, n))
+    write_rows(a.out, rows)
+    splits = Counter(r["hit_split"] for r in rows)
+    print(f"{len(rows)} facts × {a.samples} samples written to {a.out}: "
+          + ", ".join(f"{name} {splits[name]}" for name in ("h=0", "1-16", ">16")))
     return 0
 
 
@@ -283,6 +307,13 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--max-steps", type=int, help="steps per solution; the ones past it join the last step")
     st.add_argument("--hard", action="store_true", help="label 1 when any continuation is correct (else the mean)")
     st.set_defaults(fn=steps, sub=st)
+    hc = sub.add_parser("hit_counts", help="each training fact's hit count in SAMPLES replies, and its split (recall)")
+    hc.add_argument("recipe")
+    hc.add_argument("out", type=Path)
+    hc.add_argument("overrides", nargs="*", help="config overrides of the recipe, e.g. model.path=...")
+    hc.add_argument("--samples", type=int, default=128, help="replies sampled per fact (k)")
+    hc.add_argument("--rows", type=int, help="only the first ROWS training facts")
+    hc.set_defaults(fn=hit_counts, sub=hc)
     return p
 
 

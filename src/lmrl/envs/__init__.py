@@ -11,6 +11,7 @@ import lmrl.envs.tools, lmrl.envs.bandit, lmrl.envs.guessing, lmrl.envs.revise  
 import lmrl.envs.search, lmrl.envs.negotiation, lmrl.envs.textarena_adapter, lmrl.envs.code_interpreter, lmrl.envs.gaming_probe  # noqa: F401,E401,E402
 import lmrl.envs.sales, lmrl.envs.doctor  # noqa: F401,E401,E402
 import lmrl.envs.writing_tasks  # noqa: F401,E402  (registers the stay_in_language and staged_abstracts tasks)
+import lmrl.envs.fact_tasks  # noqa: F401,E402  (registers the closed_book task)
 from lmrl.envs.controllers import ROLLOUT_CONTROLLERS  # noqa: E402
 import lmrl.envs.dual_track  # noqa: F401,E402  (registers the dual-track controller)
 import lmrl.envs.rail_rollout  # noqa: F401,E402  (registers the RAIL controller)

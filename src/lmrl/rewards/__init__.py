@@ -12,6 +12,7 @@ import lmrl.rewards.process_reward  # noqa: F401,E402  (registers process_reward
 import lmrl.rewards.structured, lmrl.rewards.constraints, lmrl.rewards.finance  # noqa: F401,E401,E402  (register json_schema, smt_check, finance)
 import lmrl.rewards.translation, lmrl.rewards.retrieval  # noqa: F401,E401,E402  (register translation, retrieval)
 import lmrl.rewards.web_page  # noqa: F401,E402  (registers web_page)
+import lmrl.rewards.molecule, lmrl.rewards.recall  # noqa: F401,E401,E402  (register molecule, molecule_status, recall_exact)
 import lmrl.rewards.stages  # noqa: F401,E402  (registers structpo_rules)
 import lmrl.rewards.critique, lmrl.rewards.clarity, lmrl.rewards.genac  # noqa: F401,E401,E402  (STC, CLARity, GenAC)
 
