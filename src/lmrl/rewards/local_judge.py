@@ -4,7 +4,8 @@
 answers with) built on first use from `model_path` — a transformers directory, a LoRA adapter directory,
 `default`, or a pipeline stage's final weights (`{from: <label>}`) — instead of over HTTP. Caching, request
 fields, `chat_many` and the parsers are the client's own, so a recipe switches between a served and a local
-judge by giving `model_path` in place of `base_url`. The model is loaded once, frozen: it is the weights at
+judge by giving `model_path` in place of `base_url`; `timeout_s` bounds how long a request waits for its turn
+on the model, `max_concurrency` how many are batched together. The model is loaded once, frozen: it is the weights at
 `model_path` when the run starts, not the policy as it trains.
 """
 from __future__ import annotations
@@ -39,7 +40,7 @@ class LocalJudgeClient(JudgeClient):
                 model, tokenizer, _ = load_served_model(self.model_path)
                 model = model.to(resolve_device(self.device)).eval()
                 self._service = ChatService(model, tokenizer, model_name=self.model,
-                                            max_tokens_limit=self.max_new_tokens_limit)
+                                            max_tokens_limit=self.max_new_tokens_limit, queue_timeout_s=self.timeout_s)
             return self._service
 
     def _post_with_retries(self, body: dict[str, Any]) -> dict[str, Any]:
