@@ -43,7 +43,8 @@ def test_the_term_is_dpo_on_the_pairs_over_the_batch_rows():
     assert (logp.grad[0] < 0).all() and (logp.grad[1] > 0).all() and (logp.grad[2:] == 0).all()
     none = LossInputs(logp=logp, old_logp=logp, advantages=logp, mask=torch.ones(4, 2), ref_logp=torch.zeros(4, 2),
                       extras={"refine_pair": T([-1, -1, -1, -1]), "refine_chosen": torch.zeros(4)})
-    assert structpo_refine(none, torch.ones(4, 2))[0].tolist() == [0.0] * 4
+    per_row, metrics = structpo_refine(none, torch.ones(4, 2))
+    assert per_row.tolist() == [0.0] * 4 and metrics == {"structpo/refine_pairs": 0.0}
 
 
 def test_the_recipe_wiring_is_checked():
@@ -53,3 +54,23 @@ def test_the_recipe_wiring_is_checked():
         build_config({"algo": {"terms": [{"name": "structpo_refine"}]}})
     with pytest.raises(ConfigError, match="min_gain"):
         load_recipe("structpo", ["algo.terms=[{name: structpo_refine, params: {min_gain: -1}}]"])
+
+
+def test_the_provider_pairs_the_batch_rows_after_the_stage_scores():
+    from test_structpo import STAGES, TOK, batch_of, ids
+
+    from lmrl.config import Config
+    from lmrl.inputs.registry import InputContext, provide
+    from lmrl.types import Group, Sample
+
+    def reply(intro, body):  # both stages present; the scores are the scorer's
+        return Sample([5, 6], ids("<intro>", " cats", "<body>", " dogs"), [0.0] * 4,
+                      rewards={"structpo_rules/intro": intro, "structpo_rules/body": body, "structpo_rules/global": 0.5})
+    samples = [reply(0.9, 0.2), reply(0.4, 0.8), reply(0.1, 0.9)]  # weakest: 0.2, 0.4, 0.1 -> row 2 on intro
+    cfg = Config.model_validate({"algo": {"advantage": "structpo", "advantage_params": {"stages": STAGES},
+                                          "terms": [{"name": "structpo_refine", "params": {"min_gain": 0.1}}]}})
+    batch = batch_of(samples)
+    provide(batch, InputContext(cfg, [Group("g", {}, samples)], requested=frozenset({"refine_pair", "stage_scores"}),
+                                step=0, tokenizer=TOK), with_learner=False)
+    assert batch.row_extras["refine_pair"].tolist() == [0, -1, 0]  # row 0 is best on intro (0.9 > 0.1 + 0.1)
+    assert batch.row_extras["refine_chosen"].tolist() == [1.0, 0.0, 0.0]

@@ -93,7 +93,7 @@ def structpo_refine(inputs: LossInputs, mask: torch.Tensor, beta: float = 0.1, l
     per_row = torch.zeros(pair.shape[0], dtype=inputs.logp.dtype, device=inputs.logp.device)
     paired = pair >= 0
     if not bool(paired.any()):
-        return per_row, {}
+        return per_row, {"structpo/refine_pairs": 0.0}
     pairs = Pairs.of({"pair": pair[paired], "chosen": refined[paired]})
     h = sequence_logp(inputs.logp - inputs.ref_logp, mask)[paired]
     loss, chosen_reward, rejected_reward = dpo_loss(*pairs.split(h), beta, loss_type, label_smoothing,

@@ -10,5 +10,4 @@ import lmrl.data.replay  # noqa: F401,E402  (registers the replay source of reco
 from lmrl.data.judge_rows import critic_rows_task  # noqa: E402  (registers the critic_rows task)
 
 __all__ = ["BATCH_SOURCES", "GROUP_FILTERS", "OfflineData", "SAMPLERS", "SAMPLE_SOURCES", "UniformSampler",
-           "critic_rows_task",
-           "build_sampler", "load_source_state", "sample_source", "source_state"]
+           "build_sampler", "critic_rows_task", "load_source_state", "sample_source", "source_state"]
