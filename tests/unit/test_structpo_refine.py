@@ -65,7 +65,8 @@ def test_the_provider_pairs_the_batch_rows_after_the_stage_scores():
 
     def reply(intro, body):  # both stages present; the scores are the scorer's
         return Sample([5, 6], ids("<intro>", " cats", "<body>", " dogs"), [0.0] * 4,
-                      rewards={"structpo_rules/intro": intro, "structpo_rules/body": body, "structpo_rules/global": 0.5})
+                      rewards={"structpo_rules/intro": intro, "structpo_rules/body": body,
+                               "structpo_rules/global": 0.5})
     samples = [reply(0.9, 0.2), reply(0.4, 0.8), reply(0.1, 0.9)]  # weakest: 0.2, 0.4, 0.1 -> row 2 on intro
     cfg = Config.model_validate({"algo": {"advantage": "structpo", "advantage_params": {"stages": STAGES},
                                           "terms": [{"name": "structpo_refine", "params": {"min_gain": 0.1}}]}})

@@ -8,8 +8,8 @@ in place of a value head. Confidence: low — reconstructed from the abstract.
   estimator reads it: A_i = r_i − v(x). With `delimiter`, the critic also values each reply's prefix at the end of
   every step but the last (`text_step_ends`), recorded in `info["critic_steps"]`: the `mc_step_values` input
   turns them into per-segment advantages A_j = v(s_j) − v(s_{j−1}) (v(s_0) = v(x), v(s_m) = the reward) for
-  the `mc_step` estimator or the `mc_step_rewards` shaper. The recent rollouts are kept per prompt in the component's state
-  (`reward_state`, saved in checkpoints); an evaluation's groups are scored without being remembered.
+  the `mc_step` estimator or the `mc_step_rewards` shaper. The recent rollouts are kept per prompt in the
+  component's state (`reward_state`, saved in checkpoints); an evaluation's groups are scored without being remembered.
 - `genac_critic` (per sample, critic side): the policy is the critic, its reply is scored −(v − r̄)² against
   the row's `success_rate` r̄ (the actor group's success rate); an unreadable or out-of-range v gets the
   minimum, −1. Its rows: `python -m lmrl.task_files critic_rows` (`lmrl.data.judge_rows`).
