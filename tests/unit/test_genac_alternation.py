@@ -69,3 +69,4 @@ def test_the_alternating_pipeline_chains_actor_and_critic_rounds(tmp_path):
             assert names == ["genac_critic"] and cfg.task.name == "critic_rows" and cfg.algo.advantage != "mc_step"
             assert cfg.task.dataset == str(tmp_path / f"stages/{i:02d}-{pipe.labels[i - 1]}/rollouts.jsonl")
             assert cfg.task.system_prompt is None and stage.model_from == pipe.labels[i - 1]
+            assert cfg.task.params == {"k": 4}  # the quickstart's generator settings are no critic_rows knobs
