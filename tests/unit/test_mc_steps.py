@@ -68,7 +68,8 @@ def scripted_groups(k: int = 2):
 
 
 def batch_of(groups):
-    return to_batch(InputContext(cfg=Config(), groups=groups, step=0, requested=frozenset({"mc_step_values"})), TOK.pad_token_id)
+    return to_batch(InputContext(cfg=Config(), groups=groups, step=0, requested=frozenset({"mc_step_values"}),
+                                 tokenizer=TOK), TOK.pad_token_id)
 
 
 def test_step_advantages_of_a_value_sequence():

@@ -18,7 +18,9 @@ twice: its first step against its last), read by the `evolm_generator` reward.
 GenAC critic rows (`critic_rows_from_rollouts`, confidence low): one row per recorded group, in the order of
 the steps; `question` is the critic prompt (`lmrl.rewards.genac.critic_prompt`) over the prompt and the K
 rollouts of that prompt's previous recorded group with their outcomes, `success_rate` this group's share of
-replies the accuracy component scored correct (>= 1), read by the `genac_critic` reward, never shown.
+replies the accuracy component scored correct (>= 1), read by the `genac_critic` reward, never shown. The task
+`critic_rows` builds them when a run starts, from the `rollouts.jsonl` that is its `task.dataset` (in a
+pipeline, `{from: <actor stage>, file: rollouts.jsonl}`), so a critic stage can follow an actor stage.
 """
 from __future__ import annotations
 
@@ -27,7 +29,9 @@ from collections import Counter
 from typing import Any
 
 from lmrl.data.sft import implicit_prompt, is_chat
-from lmrl.envs.tasks import TaskError
+from lmrl.config import TaskConfig
+from lmrl.envs.tasks import TASKS, TaskData, TaskError, read_jsonl, split_rows
+from lmrl.recipe_files import shipped_or_local
 from lmrl.rewards.genac import critic_prompt
 from lmrl.rewards.judges import LETTERS, MAKE_RUBRIC, grrm_prompt
 
@@ -195,3 +199,20 @@ def critic_rows_from_rollouts(records: list[dict], accuracy: str = "answer", k: 
                      "answer": "", "success_rate": sum(ok for _, ok in graded) / len(graded)})
         previous[problem] = graded
     return rows, skipped
+
+
+@TASKS.register("critic_rows", "GenAC critic prompts built from a run's recorded rollouts (task.dataset: its "
+                "rollouts.jsonl), each with the actor group's success rate (the genac_critic reward)", splits_rows=True)
+def critic_rows_task(cfg: TaskConfig) -> TaskData:
+    """`critic_rows_from_rollouts` over `task.dataset`; `task.params`: `accuracy` (answer), `k` (4), `max_chars`
+    (400). The held-out rows are split off as the jsonl task's are."""
+    knobs = {"accuracy": "answer", "k": 4, "max_chars": 400, **cfg.params}
+    unknown = sorted(set(knobs) - {"accuracy", "k", "max_chars"})
+    if unknown:
+        raise TaskError(f"task critic_rows: unknown task.params {unknown}; it takes accuracy, k and max_chars")
+    path = shipped_or_local(cfg.dataset)
+    records, _ = read_jsonl(path, "task.dataset")
+    rows, _ = critic_rows_from_rollouts(records, knobs["accuracy"], int(knobs["k"]), int(knobs["max_chars"]))
+    if not rows:
+        raise TaskError(f"{path}: no recorded group has a rollout scored by {knobs['accuracy']!r}, so no critic rows")
+    return split_rows(rows, cfg, str(path))

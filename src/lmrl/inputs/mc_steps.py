@@ -9,14 +9,21 @@ stands for a value the estimator takes from the rewards: V(s_0) before the first
 reward) and V(s_m) after the last (the row's own reward). A step end none of whose continuations got a
 reward (every one excluded) is no boundary: its step and the next are one. A sample without steps (no
 controller, another source's sample) is one step. Off the completion: (0, NaN, NaN).
+
+A generative critic's step values take the continuations' place: GenAC's `genac_value` with a `delimiter`
+(`lmrl.rewards.genac`) records in `info["critic_steps"]` each step's end in the reply's text, the critic's
+value of the prompt (V(s_0), in place of the group's mean) and of each prefix; `critic_steps` puts each step
+end at the first token that starts at or after it. A sample has one kind of step values or none.
 """
 from __future__ import annotations
 
+import bisect
 import math
 
 import torch
 
 from lmrl.inputs.registry import PROVIDERS, InputContext
+from lmrl.rewards.language_id import decoded_pieces
 from lmrl.types import Batch, Group, Sample
 
 
@@ -39,7 +46,30 @@ def sample_steps(sample: Sample, values: dict[tuple[str, int], float]) -> list[t
     if ends and ends[-1] != n:
         raise ValueError(f"info['steps'] ends {ends} must finish at the completion's {n} tokens")
     kept = [(e, values[(key, e)]) for e in ends[:-1] if (key, e) in values] + [(n, math.nan)]
-    out, start, before = [], 0, math.nan
+    return chained(kept, math.nan)
+
+
+def critic_steps(sample: Sample, tokenizer) -> list[tuple[int, int, float, float]]:
+    """`sample_steps` from a generative critic's values (`info["critic_steps"]`): V(s_0) the critic's value of
+    the prompt, each step end in characters moved to the first token that starts at or after it."""
+    if tokenizer is None:
+        raise ValueError("mc_step_values: the critic's step ends are characters of the reply; placing them on its "
+                         "tokens needs the tokenizer (InputContext.tokenizer)")
+    steps, pieces = sample.info["critic_steps"], decoded_pieces(sample.completion_ids, tokenizer)
+    starts, offset = [], 0  # the character each piece of tokens starts at
+    for _, _, piece in pieces:
+        starts.append(offset)
+        offset += len(piece)
+    n = len(sample.completion_ids)
+    ends = [pieces[i][0] if i < len(pieces) else n
+            for i in (bisect.bisect_left(starts, e) for e in steps["char_ends"][:-1])]
+    return chained([*zip(ends, steps["values"]), (n, math.nan)], float(steps["start"]))
+
+
+def chained(kept: list[tuple[int, float]], before: float) -> list[tuple[int, int, float, float]]:
+    """(start, end, V before, V after) of consecutive steps from (end, V after) pairs; an empty step is dropped,
+    its value passed on to the next."""
+    out, start = [], 0
     for end, after in kept:
         if end > start:
             out.append((start, end, before, after))
@@ -48,8 +78,9 @@ def sample_steps(sample: Sample, values: dict[tuple[str, int], float]) -> list[t
 
 
 @PROVIDERS.register("mc_step_values", "per completion token (step j, V(s_j-1), V(s_j)) [B, T-1, 3] from the value-"
-                    "only continuations of the mc_steps controller; NaN: V(s_0) or V(s_m), from the rewards",
-                    needs={"groups"})
+                    "only continuations of the mc_steps controller or a generative critic's values; NaN: V(s_0) or "
+                    "V(s_m), from the rewards",
+                    needs={"groups", "tokenizer"})
 def mc_step_values(batch: Batch, ctx: InputContext) -> None:
     out = torch.full((*batch.completion_mask.shape, 3), math.nan)
     out[..., 0] = 0.0
@@ -58,7 +89,12 @@ def mc_step_values(batch: Batch, ctx: InputContext) -> None:
         values = prefix_values(group)
         for sample in group.scored:
             offset = len(sample.prompt_ids) - 1
-            for j, (start, end, before, after) in enumerate(sample_steps(sample, values), 1):
+            if "critic_steps" in sample.info and sample.info.get("steps", {}).get("ends"):
+                raise ValueError("mc_step_values: a sample has both Monte-Carlo step values (the mc_steps "
+                                 "controller) and a critic's (genac_value with a delimiter); use one")
+            critic = "critic_steps" in sample.info
+            steps = critic_steps(sample, ctx.tokenizer) if critic else sample_steps(sample, values)
+            for j, (start, end, before, after) in enumerate(steps, 1):
                 out[row, offset + start: offset + end] = torch.tensor([float(j), before, after])
             row += 1
     batch.extras["mc_step_values"] = out

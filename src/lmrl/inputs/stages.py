@@ -9,6 +9,9 @@ contributions), `scores_from` (the reward component whose named parts `<componen
 row at position len(prompt_ids) − 1 + j, the index of the stage whose span (`rewards.stages.stage_spans`)
 holds the character it starts at, −1 elsewhere. A stage without a span scores 0 whatever its component
 said, and a reply whose layout is not well formed has `format_penalty` taken off its global score.
+
+`refine_pairs` pairs each group's rollouts for the `structpo_refine` term from those stage scores
+(`algos.structured_credit.refinement_pairs`; its knob `min_gain`, default 0).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import bisect
 
 import torch
 
+from lmrl.algos.structured_credit import refinement_pairs
 from lmrl.inputs.registry import PROVIDERS, InputContext
 from lmrl.rewards.language_id import decoded_pieces
 from lmrl.rewards.stages import DEFAULT_STAGES, stage_spans
@@ -72,3 +76,15 @@ def stage_inputs(batch: Batch, ctx: InputContext) -> None:
     batch.extras["stage_tokens"] = tokens
     batch.row_extras["stage_scores"] = torch.tensor(scores, dtype=torch.float)
     batch.row_extras["global_scores"] = torch.tensor(global_scores, dtype=torch.float)
+
+
+@PROVIDERS.register("refine_pairs", "StructPO's refinement pairs: each group's rollout with the lowest weakest-stage "
+                    "score and the peer best on that stage, as `refine_pair` [B] (-1: none) and `refine_chosen` [B]",
+                    provides={"refine_pair", "refine_chosen"}, needs={"cfg"})
+def refine_pair_inputs(batch: Batch, ctx: InputContext) -> None:
+    if "stage_scores" not in batch.row_extras:
+        raise ValueError("the structpo_refine term pairs rollouts by their stage scores: set algo.advantage=structpo")
+    term = next((t for t in ctx.cfg.algo.terms if t.name == "structpo_refine"), None)
+    min_gain = float(term.params.get("min_gain", 0.0)) if term is not None else 0.0
+    pair, chosen = refinement_pairs(batch.row_extras["stage_scores"], batch.group_index, min_gain)
+    batch.row_extras["refine_pair"], batch.row_extras["refine_chosen"] = pair, chosen

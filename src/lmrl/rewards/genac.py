@@ -5,8 +5,11 @@ in place of a value head. Confidence: low — reconstructed from the abstract.
   the problem x, the response prefix (empty: the value of the prompt, v(x)) and the K most recent rollouts of
   the same prompt with their outcomes (accuracy verdicts of the component `accuracy`, listed before this one);
   its `Value: v` (mean of `samples` calls) is every sample's value. Give it weight 0 and the `genac` advantage
-  estimator reads it: A_i = r_i − v(x). The recent rollouts are kept per prompt in the component's state
-  (`reward_state`, saved in checkpoints); an evaluation's groups are scored without being remembered.
+  estimator reads it: A_i = r_i − v(x). With `delimiter`, the critic also values each reply's prefix at the end of
+  every step but the last (`text_step_ends`), recorded in `info["critic_steps"]`: the `mc_step_values` input
+  turns them into per-segment advantages A_j = v(s_j) − v(s_{j−1}) (v(s_0) = v(x), v(s_m) = the reward) for
+  the `mc_step` estimator or the `mc_step_rewards` shaper. The recent rollouts are kept per prompt in the
+  component's state (`reward_state`, saved in checkpoints); an evaluation's groups are scored without being remembered.
 - `genac_critic` (per sample, critic side): the policy is the critic, its reply is scored −(v − r̄)² against
   the row's `success_rate` r̄ (the actor group's success rate); an unreadable or out-of-range v gets the
   minimum, −1. Its rows: `python -m lmrl.task_files critic_rows` (`lmrl.data.judge_rows`).
@@ -56,6 +59,26 @@ def recent_block(recent: list[tuple[str, bool]], max_chars: int) -> str:
                        for i, (text, ok) in enumerate(recent))
 
 
+def text_step_ends(text: str, delimiter: str, max_steps: int | None = None) -> list[int]:
+    """Where each step of a reply ends (exclusive character positions; the last is len(text)): just after a
+    `delimiter` that follows some non-blank text of the step, so blank lines stay with the step they precede; a
+    blank tail joins the last step, and with `max_steps` the steps past it join the last one too (the text
+    form of `envs.controllers.step_ends`)."""
+    ends, start, found = [], 0, text.find(delimiter)
+    while found != -1:
+        if text[start:found].strip():
+            start = found + len(delimiter)
+            ends.append(start)
+        found = text.find(delimiter, found + len(delimiter))
+    if not ends or text[ends[-1]:].strip():
+        ends.append(len(text))
+    else:
+        ends[-1] = len(text)
+    if max_steps is not None and len(ends) > max_steps:
+        ends = [*ends[: max_steps - 1], len(text)]
+    return ends
+
+
 def critic_prompt(problem: str, prefix: str, recent: list[tuple[str, bool]], max_chars: int = 400,
                   template: str | None = None) -> str:
     """The critic's prompt: problem, response prefix and recent rollouts with outcomes (each cut to its last
@@ -70,26 +93,34 @@ class GenerativeCriticValue:
     """v(x) for every sample of a group (confidence: low — reconstructed from the abstract)."""
 
     def __init__(self, critic: Any = None, k: int = 4, samples: int = 1, accuracy: str = "answer",
-                 max_context_chars: int = 400, prompt_field: str = "question", template: str | None = None):
-        if k < 0 or samples < 1:
-            raise ValueError(f"genac_value: need k >= 0 and samples >= 1 (got {k}, {samples})")
+                 max_context_chars: int = 400, prompt_field: str = "question", template: str | None = None,
+                 delimiter: str | None = None, max_steps: int | None = 8):
+        if k < 0 or samples < 1 or (max_steps is not None and max_steps < 1) or delimiter == "":
+            raise ValueError(f"genac_value: need k >= 0, samples >= 1, max_steps >= 1 and a non-empty delimiter "
+                             f"(got {k}, {samples}, {max_steps}, {delimiter!r})")
         self.client = make_judge(critic)
         self.k, self.samples, self.accuracy = k, samples, accuracy
         self.max_chars, self.prompt_field, self.template = max_context_chars, prompt_field, template
+        self.delimiter, self.max_steps = delimiter, max_steps
         self.recent: dict[str, deque] = {}
         self.held_out = False
         self.lock = threading.Lock()
 
-    def value(self, problem: str) -> float:
+    def values(self, problem: str, prefixes: list[str]) -> list[float]:
+        """The critic's value of each response prefix ("": the prompt's v(x)), the mean of `samples` calls each,
+        all asked in one batch."""
         with self.lock:
             recent = list(self.recent.get(problem, ()))
-        prompt = critic_prompt(problem, "", recent, self.max_chars, self.template)
-        replies = self.client.chat_many([[{"role": "user", "content": prompt}]] * self.samples,
-                                        per_call=[{"seed": i} if self.samples > 1 else {} for i in range(self.samples)])
+        prompts = [critic_prompt(problem, prefix, recent, self.max_chars, self.template) for prefix in prefixes]
+        seeds = [{"seed": i} if self.samples > 1 else {} for i in range(self.samples)]
+        replies = self.client.chat_many([[{"role": "user", "content": p}] for p in prompts for _ in seeds],
+                                        per_call=seeds * len(prompts))
         values = [parse_value(r) for r in replies]
         if any(v is None for v in values):
-            raise JudgeResponseError(f"genac_value: no 'Value: v' in [0, 1] in critic reply {replies[0][:200]!r}")
-        return sum(values) / len(values)
+            bad = next(r for r, v in zip(replies, values) if v is None)
+            raise JudgeResponseError(f"genac_value: no 'Value: v' in [0, 1] in critic reply {bad[:200]!r}")
+        n = self.samples
+        return [sum(values[i: i + n]) / n for i in range(0, len(values), n)]
 
     def __call__(self, samples: list[Sample]) -> list[float]:
         outcomes = [accuracy_verdict(s, self.accuracy) for s in samples]
@@ -98,7 +129,13 @@ class GenerativeCriticValue:
                              "before genac_value in reward.components (or set the `accuracy` param); if it is "
                              "listed first, it failed on every sample of this group")
         problem = prompt_text(samples[0], self.prompt_field)
-        v = self.value(problem)
+        ends = [text_step_ends(s.text, self.delimiter, self.max_steps) if self.delimiter else [] for s in samples]
+        prefixes = [s.text[:e] for s, own in zip(samples, ends) for e in own[:-1]]
+        v, *inner = self.values(problem, ["", *prefixes])
+        if self.delimiter:
+            for s, own in zip(samples, ends):
+                s.info["critic_steps"] = {"char_ends": own, "start": v, "values": inner[: len(own) - 1]}
+                inner = inner[len(own) - 1:]
         if not self.held_out and self.k:
             with self.lock:
                 memory = self.recent.setdefault(problem, deque(maxlen=self.k))

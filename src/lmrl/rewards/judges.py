@@ -59,7 +59,12 @@ PAIR = ("Which response answers the prompt better?\n\nPrompt:\n{prompt}\n\nRespo
 
 
 def make_judge(judge: Any) -> Any:
-    """A `JudgeClient` from a recipe mapping, or the given client-like object unchanged."""
+    """A `JudgeClient` from a recipe mapping (with `model_path`: a `LocalJudgeClient`, the model generating in
+    this process), or the given client-like object unchanged."""
+    if isinstance(judge, dict) and "model_path" in judge:
+        from lmrl.rewards.local_judge import LocalJudgeClient
+
+        return LocalJudgeClient.from_params(judge)
     if judge is None or isinstance(judge, dict):
         return JudgeClient.from_params(judge)
     if not callable(getattr(judge, "chat", None)):
