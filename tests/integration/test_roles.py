@@ -183,6 +183,8 @@ def test_a_role_playing_the_policys_weights_joins_the_policys_update(tmp_path, m
     ({"rollout": {"prompts_per_step": 2, "group_size": 4, "max_staleness": 1}}, "synchronous loop"),
     ({"roles": {"user": {"model": "policy", "trains": False, "reward": {"components": [{"name": "env"}]}}}},
      "train with the policy"),
+    ({"roles": {"user": {"model": "policy", "temperature": 0.7, "reward": {"components": [{"name": "env"}]}}}},
+     "rollout.temperature=1.0"),
 ])
 def test_what_a_run_of_roles_refuses_before_any_model_loads(tmp_path, change, message):
     base = json.loads(roles_config(tmp_path, 1).model_dump_json())
