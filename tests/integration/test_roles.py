@@ -223,3 +223,10 @@ def test_lmrl_export_of_a_role_gives_the_model_the_role_answered_with(tmp_path, 
     assert torch.allclose(exported(ids).logits, theirs, atol=1e-5)
     assert main(["export", str(Path(cfg.run.output_dir, "toy")), "--role", "judge", "--merge", str(tmp_path / "x")]) == 2
     assert "no such role" in capsys.readouterr().err
+
+
+def test_an_evaluations_episodes_call_the_roles_without_recording_them(tmp_path):
+    cfg = roles_config(tmp_path, 2, eval={"at_start": True, "every": 1, "at_end": False})
+    rows, _ = run_tiny(cfg)
+    assert any("eval/accuracy" in r for r in rows)  # the held-out episodes ran and asked the user role
+    assert [r["role/user/samples"] for r in steps_of(rows)] == [8.0, 8.0]  # the steps' own 2 × 4 episodes only
