@@ -183,6 +183,8 @@ def test_a_role_playing_the_policys_weights_joins_the_policys_update(tmp_path, m
     ({"rollout": {"prompts_per_step": 2, "group_size": 4, "max_staleness": 1}}, "synchronous loop"),
     ({"roles": {"user": {"model": "policy", "trains": False, "reward": {"components": [{"name": "env"}]}}}},
      "train with the policy"),
+    ({"roles": {"user": {"model": "policy", "temperature": 0.7, "reward": {"components": [{"name": "env"}]}}}},
+     "rollout.temperature=1.0"),
 ])
 def test_what_a_run_of_roles_refuses_before_any_model_loads(tmp_path, change, message):
     base = json.loads(roles_config(tmp_path, 1).model_dump_json())
@@ -259,3 +261,10 @@ def test_a_role_on_the_base_of_a_bf16_policy_answers_under_the_policys_autocast(
     rows, _ = run_tiny(roles_config(tmp_path, 1, trainer={"steps": 1, "lr": 3e-3, "bf16": True, "seed": 1}))
     (row,) = steps_of(rows)
     assert row["env/error"] == 0.0 and row["role/user/samples"] == 8.0
+
+
+def test_an_evaluations_episodes_call_the_roles_without_recording_them(tmp_path):
+    cfg = roles_config(tmp_path, 2, eval={"at_start": True, "every": 1, "at_end": False})
+    rows, _ = run_tiny(cfg)
+    assert any("eval/accuracy" in r for r in rows)  # the held-out episodes ran and asked the user role
+    assert [r["role/user/samples"] for r in steps_of(rows)] == [8.0, 8.0]  # the steps' own 2 × 4 episodes only

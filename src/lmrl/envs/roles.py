@@ -85,6 +85,19 @@ def register_role_clients(clients: dict[str, RoleClient]) -> None:
     _CLIENTS.update(clients)
 
 
+@contextlib.contextmanager
+def unrecorded():
+    """Within the block the roles answer without recording (an evaluation's episodes: never trained on)."""
+    saved = {name: client.trains for name, client in _CLIENTS.items()}
+    for client in _CLIENTS.values():
+        client.trains = False
+    try:
+        yield
+    finally:
+        for name, trains in saved.items():
+            _CLIENTS[name].trains = trains
+
+
 def role_client(name: str) -> RoleClient:
     """The running role `name`'s client; an error naming the roles this run has when it has none such."""
     if name not in _CLIENTS:

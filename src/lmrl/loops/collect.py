@@ -14,6 +14,7 @@ from lmrl.data.samplers import sampler_metrics
 from lmrl.data.sources import step_pairs
 from lmrl.envs import expand_prompts, pooled, prompt_families, rollout
 from lmrl.envs.mixture import TASK_FIELD
+from lmrl.envs.roles import unrecorded
 from lmrl.envs.tree_rollout import tree_metrics
 from lmrl.eval.evaluator import evaluate
 from lmrl.eval.metrics import across_tasks
@@ -187,10 +188,11 @@ def learn(s: Stages, kept: list[Group], step: int) -> dict[str, float] | None:
 
 def evaluate_now(s: Stages, run: RunDir, step: int, engine=None, progress: StepProgress | None = None
                  ) -> dict[str, float]:
-    """Evaluate the held-out rows with `engine` (the run's own by default), show it on `progress`, log the result."""
+    """Evaluate the held-out rows with `engine` (the run's own by default), show it on `progress`, log the result.
+    The roles its episodes call answer without recording: nothing of an evaluation is trained on."""
     metrics, groups = {}, []
     if s.eval_rows:
-        with (progress or StepProgress(0, 0, enabled=False)).evaluation(step) as shown:
+        with (progress or StepProgress(0, 0, enabled=False)).evaluation(step) as shown, unrecorded():
             metrics, groups = held_out(s, engine or s.engine, shown.advance)
             shown.finish(metrics)
     if s.offline is not None and s.offline.eval:
