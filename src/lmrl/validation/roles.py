@@ -27,16 +27,13 @@ def _roles(cfg: Config) -> None:
         if role.model == "policy" and not role.trains:
             raise ConfigError(f"roles.{name}: model=policy plays the policy's own weights, which train with the "
                               "policy: set trains=true, or give a frozen role a model of its own")
-<<<<<<< HEAD
         if role.rollouts and (not role.trains or role.model == "policy"):
             raise ConfigError(f"roles.{name}.rollouts: a peer that rolls out the step's prompts trains on them with "
                               "weights of its own: set trains=true and model adapter or a model of its own")
-=======
         if role.model == "policy" and role.temperature != cfg.rollout.temperature:
             raise ConfigError(f"roles.{name}: model=policy trains in the policy's update, whose log-probs are at "
                               f"rollout.temperature={cfg.rollout.temperature}: set roles.{name}.temperature to it "
                               f"(now {role.temperature}), or the role's behaviour log-probs would not be the policy's")
->>>>>>> selfplay
         if role.trains and role.reward is None:
             raise ConfigError(f"roles.{name} trains but sets no reward (roles.{name}.reward.components) to score "
                               "its samples")
