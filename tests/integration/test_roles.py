@@ -268,3 +268,17 @@ def test_an_evaluations_episodes_call_the_roles_without_recording_them(tmp_path)
     rows, _ = run_tiny(cfg)
     assert any("eval/accuracy" in r for r in rows)  # the held-out episodes ran and asked the user role
     assert [r["role/user/samples"] for r in steps_of(rows)] == [8.0, 8.0]  # the steps' own 2 × 4 episodes only
+
+
+def test_phases_the_role_trains_in_its_steps_and_the_policy_in_its_own(tmp_path):
+    # cycle 2: the role trains in odd steps, the policy in even ones; 3 steps → role 2 updates, policy 1
+    cfg = roles_config(tmp_path, 3, role={"trainer": {"lr": 1e-2, "train_steps": [[1, 1]], "train_cycle": 2}},
+                       trainer={"steps": 3, "lr": 1e-2, "train_steps": [[2, 2]], "train_cycle": 2})
+    rows, s = run_tiny(cfg)
+    rows = steps_of(rows)
+    assert [r["role/user/trains"] for r in rows] == [1.0, 0.0, 1.0]
+    assert s.roles["user"].learner.optimizer_steps == 2 and s.learner.optimizer_steps == 1
+    assert ["loss" in r for r in rows] == [False, True, False]
+    assert ["role/user/loss" in r for r in rows] == [True, False, True]
+    assert all("role/user/drift/kl" in r for r in rows)  # measured in its resting steps too
+    assert s.roles["user"].engine.version == 3

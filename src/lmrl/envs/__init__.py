@@ -9,7 +9,7 @@ from lmrl.envs.attribution import delayed_attribution
 import lmrl.envs.humaneval  # noqa: F401,E402  (registers the humaneval task)
 import lmrl.envs.tools, lmrl.envs.bandit, lmrl.envs.guessing, lmrl.envs.revise  # noqa: F401,E401,E402  (registers the environments)
 import lmrl.envs.search, lmrl.envs.negotiation, lmrl.envs.textarena_adapter, lmrl.envs.code_interpreter, lmrl.envs.gaming_probe  # noqa: F401,E401,E402
-import lmrl.envs.sales, lmrl.envs.doctor, lmrl.envs.self_emo  # noqa: F401,E401,E402
+import lmrl.envs.sales, lmrl.envs.doctor, lmrl.envs.self_emo, lmrl.envs.seif  # noqa: F401,E401,E402
 import lmrl.envs.writing_tasks  # noqa: F401,E402  (registers the stay_in_language and staged_abstracts tasks)
 import lmrl.envs.fact_tasks  # noqa: F401,E402  (registers the closed_book task)
 from lmrl.envs.controllers import ROLLOUT_CONTROLLERS  # noqa: E402

@@ -7,6 +7,12 @@ that play with the policy's weights (self-play), which join the policy's batch. 
 one update path), after measuring how far it has moved from its start: `role/<name>/drift/kl`, the mean k3
 estimate of KL(role ‖ its initial weights) on its samples, which `trainer.stop_when` can watch (a learning
 simulator or judge that drifts away from its frozen start is the first sign of collusion).
+
+A role trains only in the steps of its `trainer.train_steps` (alternating phases: an instructor, then its
+follower); in the others it only answers, its samples are still scored and its drift still measured
+(`role/<name>/trains` is 0). An environment's own collusion probes reach the same family through the role's
+rows: numbers under `row["drift"]` (e.g. a frozen reference's success on the role's instructions) are averaged
+over the role's samples as `role/<name>/drift/<key>`.
 """
 from __future__ import annotations
 
@@ -32,16 +38,18 @@ def collect_roles(roles: dict[str, Role], step: int, rows: list[dict], env, grou
         if not role.spec.trains:
             continue
         groups = role.client.take() + (peer_rollouts(role, rows, env, group_size) if role.spec.rollouts else [])
+        trains = role.cfg.trainer.trains_at(step)
         role.pending = groups
-        own = {"samples": float(sum(len(g.samples) for g in groups))}
+        own = {"samples": float(sum(len(g.samples) for g in groups)), "trains": float(trains)}
         if groups:
             scored = role.scorer.score(groups)
             role.scorer.check_error_rate(scored, step)
             own.update(scored)
             own.update(rollout_metrics(groups, role.cfg.reward.accuracy_component))
+            own.update(probes(groups))
         metrics.update({f"role/{name}/{k}": v for k, v in own.items()})
         if role.joins_policy:
-            joined += groups
+            joined += groups if trains else []
     return joined, metrics
 
 
@@ -56,18 +64,32 @@ def peer_rollouts(role: Role, rows: list[dict], env, group_size: int) -> list[Gr
     return played
 
 
+def probes(groups: list[Group]) -> dict[str, float]:
+    """`drift/<key>`: the mean over the role's samples of each number its rows hold under `drift`."""
+    values: dict[str, list[float]] = {}
+    for group in groups:
+        for sample in group.samples:
+            for key, value in (sample.row.get("drift") or {}).items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    values.setdefault(key, []).append(float(value))
+    return {f"drift/{key}": sum(v) / len(v) for key, v in values.items()}
+
+
 def learn_roles(roles: dict[str, Role], step: int) -> dict[str, float]:
     """Train each role with weights of its own on the groups `collect_roles` took; its engine then generates as
-    version `step`. A role with no scored sample this step skips its update (`role/<name>/skipped_updates`)."""
+    version `step`. A role with no scored sample this step skips its update (`role/<name>/skipped_updates`), a
+    role outside its `train_steps` rests (its drift measured all the same, on the step's samples)."""
     metrics = {}
     for name, role in roles.items():
         if role.learner is None:
             continue
+        trains = role.cfg.trainer.trains_at(step)
         groups, role.pending = role.pending, []
         with role.switch():
             own = drift(role, groups, step)
-            learned = learn(role, groups, step) if groups else None
-        own.update(learned if learned is not None else {"skipped_updates": 1.0})
+            learned = learn(role, groups, step) if groups and trains else None
+        if trains:
+            own.update(learned if learned is not None else {"skipped_updates": 1.0})
         if learned is not None:
             role.engine.update_weights(None, step)
         metrics.update({f"role/{name}/{k}": v for k, v in own.items()})

@@ -7,6 +7,9 @@ A constraint is a mapping {"type": ..., ...} that a checker in `CHECKERS` decide
   object {"instruction": str, "constraints": [...]}; the evaluator (the previous follower, behind an
   OpenAI-compatible endpoint) answers the instruction, and the reward is 1 − the fraction it
   satisfies: 0 when the constraints are unparsable or conflict, or the evaluator's answer is empty.
+- `seif_instructor_played` (per sample): the same reward when the instructor is a role of the run and the
+  follower the policy (`envs.seif`): the follower's answers to the instruction are in the sample's row
+  (`answers`), and the reward is their mean instructor reward.
 Why: the instructor is paid for instructions the current follower fails, the follower for meeting them.
 
 `python -m lmrl.rewards.seif ROLLOUTS OUT` turns an instructor run's recorded rollouts into follower task
@@ -93,11 +96,15 @@ def formatted_answer(text: str) -> str | None:
 @REWARD_FNS.register("seif_follower", "SEIF follower: fraction of the row's constraints the <answer> meets; "
                      "0 without the <think>/<answer> format")
 def seif_follower(sample: Sample, field: str = "constraints", require_format: bool = True, **_) -> float:
-    constraints = parse_constraints(sample.row[field])
-    answer = formatted_answer(sample.text) if require_format else strip_reasoning(sample.text)
-    if answer is None:
-        return 0.0
-    return satisfied(answer, constraints)
+    return follower_reward(sample.text, parse_constraints(sample.row[field]), require_format)
+
+
+def follower_reward(reply: str, constraints: list[dict], require_format: bool = True) -> float:
+    """The fraction of `constraints` the reply's answer meets; 0 without the `<think>/<answer>` format when
+    `require_format` (else the reply with its reasoning stripped is graded), and 0 for an empty answer (which
+    would meet lowercase, no_commas or max_words for nothing)."""
+    answer = formatted_answer(reply) if require_format else strip_reasoning(reply)
+    return satisfied(answer, constraints) if answer else 0.0
 
 
 def parse_instruction(text: str) -> tuple[str, list[dict]] | None:
@@ -127,11 +134,35 @@ class SeifInstructor:
             return 0.0
         instruction, constraints = parsed
         reply = self.evaluator.chat([{"role": "user", "content": instruction}])
-        answer = formatted_answer(reply) if self.require_format else strip_reasoning(reply)
+        answer = evaluator_answer(reply, self.require_format)
         sample.info["seif"] = {"valid": True, "evaluator_answer": answer}
-        if not answer:
-            return 0.0
-        return 1.0 - satisfied(answer, constraints)
+        return instructor_reward(constraints, answer)
+
+
+def evaluator_answer(reply: str, require_format: bool) -> str | None:
+    """What the instructor's constraints are checked on: the `<answer>` part (None without the format) when
+    `require_format`, else the reply with its reasoning stripped."""
+    return formatted_answer(reply) if require_format else strip_reasoning(reply)
+
+
+def instructor_reward(constraints: list[dict], answer: str | None) -> float:
+    """1 − the fraction of `constraints` the answer meets; 0 for an empty or missing answer."""
+    return 1.0 - satisfied(answer, constraints) if answer else 0.0
+
+
+@REWARD_FNS.register("seif_instructor_played", "SEIF instructor in one run: mean over the follower's answers in its "
+                     "row of 1 - fraction of its constraints met; 0 when unparsable, conflicting or unanswered")
+def seif_instructor_played(sample: Sample, require_format: bool = True, **_) -> float | None:
+    """The instructor's reward when the follower (the policy) answered its instruction in the same step: the
+    answers are its row's (`answers`, the follower's replies, filled in as the episodes end). The constraints are
+    parsed from the instructor's own reply, never from the row. None (excluded) when no answer came back."""
+    parsed = parse_instruction(sample.text)
+    if parsed is None:
+        return 0.0
+    replies = sample.row.get("answers") or []
+    if not replies:
+        return None
+    return sum(instructor_reward(parsed[1], evaluator_answer(r, require_format)) for r in replies) / len(replies)
 
 
 def follower_rows(records: list[dict], min_reward: float = 0.0) -> list[dict]:
