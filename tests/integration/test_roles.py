@@ -235,8 +235,8 @@ def peer_config(tmp_path, steps, **sections):
 def test_a_peer_role_rolls_out_the_steps_prompts_and_learns_beside_the_policy(tmp_path, monkeypatch):
     import lmrl.loops.roles as roles
 
-    played, peer_rollouts = [], roles.peer_rollouts
-    monkeypatch.setattr(roles, "peer_rollouts", lambda *a: played.append(peer_rollouts(*a)) or played[-1])
+    played, own_rollouts = [], roles.own_rollouts
+    monkeypatch.setattr(roles, "own_rollouts", lambda *a: played.append(own_rollouts(*a)) or played[-1])
     rows, s = run_tiny(peer_config(tmp_path, 2))
     done = steps_of(rows)
     assert [r["role/peer/samples"] for r in done] == [8.0, 8.0]  # 2 prompts × group_size 4, as the policy's

@@ -75,7 +75,7 @@ def build_roles(cfg: Config, model, tokenizer, engine, device: torch.device) -> 
     for index, role in enumerate(roles.values()):
         if role.spec.rollouts:
             if role.tokenizer.get_vocab() != tokenizer.get_vocab():
-                raise ConfigError(f"roles.{role.name}.rollouts: its model's tokenizer is not the policy's; a peer "
+                raise ConfigError(f"roles.{role.name}.rollouts: its model's tokenizer is not the policy's; a role "
                                   "that rolls out the run's prompts reads their token ids")
             role.generator = torch.Generator().manual_seed(cfg.trainer.seed + 1 + index)
     register_role_clients({name: role.client for name, role in roles.items()})

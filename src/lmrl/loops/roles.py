@@ -27,17 +27,17 @@ from lmrl.loops.role_setup import Role, SwitchedEngine
 from lmrl.types import Group
 
 
-def collect_roles(roles: dict[str, Role], step: int, rows: list[dict], env, group_size: int
+def collect_roles(roles: dict[str, Role], step: int, rows: list[dict], environment, group_size: int
                   ) -> tuple[list[Group], dict[str, float]]:
-    """Score each trained role's samples of step `step` (what it answered, and for a peer, `rollouts: true`, its own
-    `group_size` rollouts of each of the step's `rows` in environment `env`): the groups that join the policy's
+    """Score each trained role's samples of step `step` (what it answered, and for a role with `rollouts: true`, its own
+    `group_size` rollouts of each of the step's `rows` in `environment`): the groups that join the policy's
     update, and the roles' metrics (`role/<name>/…`). A role's reward errors above its `reward.max_error_rate` stop
     the run."""
     joined, metrics = [], {}
     for name, role in roles.items():
         if not role.spec.trains:
             continue
-        groups = role.client.take() + (peer_rollouts(role, rows, env, group_size) if role.spec.rollouts else [])
+        groups = role.client.take() + (own_rollouts(role, rows, environment, group_size) if role.spec.rollouts else [])
         trains = role.cfg.trainer.trains_at(step)
         role.pending = groups
         own = {"samples": float(sum(len(g.samples) for g in groups)), "trains": float(trains)}
@@ -53,10 +53,11 @@ def collect_roles(roles: dict[str, Role], step: int, rows: list[dict], env, grou
     return joined, metrics
 
 
-def peer_rollouts(role: Role, rows: list[dict], env, group_size: int) -> list[Group]:
-    """The peer role's own rollouts of `rows`, sampled by its engine at its temperature and reply length."""
+def own_rollouts(role: Role, rows: list[dict], environment, group_size: int) -> list[Group]:
+    """The role's own rollouts of `rows`, sampled by its engine at its temperature and reply length."""
     with role.switch():
-        played = rollout(role.engine, role.tokenizer, rows, group_size, role.client.params, role.generator, env)
+        played = rollout(role.engine, role.tokenizer, rows, group_size, role.client.params, role.generator,
+                         environment)
     for group in played:
         group.uid = f"{role.name}/{group.uid}"
         for sample in group.samples:
