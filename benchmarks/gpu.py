@@ -123,6 +123,8 @@ def run_variant(shape: str, variant: str, a, workdir: Path) -> dict[str, float]:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     result = train(cfg, stages=stages)
+    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 writes the run's logs; another rank may finish first
+        return {}
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in rows if "timing/train_s" in r][1:]  # step 1 is warm-up
     batch_tokens = a.prompts * a.group * (a.prompt_len + sum(r["response_length/mean"] for r in timed) / len(timed))
