@@ -279,10 +279,10 @@ class StopRule(Section):
 
 class TrainerConfig(Section):
     steps: int = Field(20, ge=1)  # the most steps; `stop_when` may end the run earlier
-    frozen: bool = False  # the policy only generates: a run that trains its roles alone (docs/roles.md)
-    # the steps it trains in, as [first, last] ranges (empty: every step); read within a cycle of `train_cycle`
-    # steps when set. Alternating phases of roles (docs/roles.md): in the others it only generates
-    train_steps: list[tuple[int, int]] = Field(default_factory=list)
+    # the steps it trains in, as [first, last] ranges (unset: every step; []: none, it only generates, as a
+    # run that trains its roles alone); read within a cycle of `train_cycle` steps when set. Alternating phases
+    # of roles (docs/roles.md): in the other steps it only generates
+    train_steps: list[tuple[int, int]] | None = None
     train_cycle: int | None = Field(None, ge=1)
     stop_when: list[StopRule] = Field(default_factory=list)  # stopping rules on logged metrics (docs/runs.md)
     lr: float = Field(1e-5, gt=0)
@@ -310,17 +310,17 @@ class TrainerConfig(Section):
 
     @model_validator(mode="after")
     def _train_steps(self) -> "TrainerConfig":
-        for first, last in self.train_steps:
+        for first, last in self.train_steps or []:
             if not 1 <= first <= last or (self.train_cycle is not None and last > self.train_cycle):
                 raise ValueError(f"train_steps: [{first}, {last}] is not a range of steps 1 ≤ first ≤ last"
                                  + (f" ≤ train_cycle ({self.train_cycle})" if self.train_cycle else ""))
         if self.train_cycle is not None and not self.train_steps:
-            raise ValueError("train_cycle repeats train_steps, which is empty")
+            raise ValueError("train_cycle repeats train_steps, which is unset or empty")
         return self
 
     def trains_at(self, step: int) -> bool:
         """Whether it trains at `step` (from 1) under `train_steps` and `train_cycle`."""
-        if not self.train_steps:
+        if self.train_steps is None:
             return True
         at = (step - 1) % self.train_cycle + 1 if self.train_cycle else step
         return any(first <= at <= last for first, last in self.train_steps)

@@ -295,8 +295,8 @@ def role_config(cfg: Config, name: str) -> Config:
     run = cfg.model_dump(mode="json")
     tree = {key: run[key] for key in ROLE_KEEPS}
     tree["trainer"] = merge_trees(tree["trainer"], dict(role.trainer))
-    tree["trainer"].update({"stop_when": [], "frozen": False,  # its phases are its own, not the policy's
-                            "train_steps": role.trainer.get("train_steps", []),
+    tree["trainer"].update({"stop_when": [],  # its phases are its own, not the policy's
+                            "train_steps": role.trainer.get("train_steps"),
                             "train_cycle": role.trainer.get("train_cycle")})
     if role.reward is not None:
         tree["reward"] = role.reward.model_dump(mode="json")

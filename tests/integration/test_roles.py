@@ -185,6 +185,7 @@ def test_a_role_playing_the_policys_weights_joins_the_policys_update(tmp_path, m
      "train with the policy"),
     ({"roles": {"user": {"model": "policy", "temperature": 0.7, "reward": {"components": [{"name": "env"}]}}}},
      "rollout.temperature=1.0"),
+    ({"trainer": {"train_steps": []}, "roles": {"user": {"model": "adapter", "trains": False}}}, "nothing would learn"),
 ])
 def test_what_a_run_of_roles_refuses_before_any_model_loads(tmp_path, change, message):
     base = json.loads(roles_config(tmp_path, 1).model_dump_json())

@@ -96,7 +96,7 @@ def test_usergrpo_trains_the_shopper_role_against_a_frozen_salesperson(tmp_path)
     cfg = sales_config(tmp_path, 1, {"role": "shopper"})
     tree = json.loads(cfg.model_dump_json())
     tree["model"]["lora"] = {"r": 4, "alpha": 8}
-    tree["trainer"]["frozen"] = True
+    tree["trainer"]["train_steps"] = []
     tree["roles"] = {"shopper": {"model": "adapter", "max_new_tokens": 6, "trainer": {"lr": 1e-2},
                                  "reward": {"components": [{"name": "shopper_fidelity"}],
                                             "accuracy_component": "shopper_fidelity"}}}

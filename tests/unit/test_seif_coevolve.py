@@ -115,8 +115,11 @@ def test_train_steps_select_the_steps_a_learner_trains_in():
     assert [s for s in range(1, 21) if follower.trains_at(s)] == [6, 7, 8, 9, 10, 16, 17, 18, 19, 20]
     once = TrainerConfig(train_steps=[(1, 2), (5, 5)])  # no cycle: those steps only
     assert [s for s in range(1, 8) if once.trains_at(s)] == [1, 2, 5]
+    never = TrainerConfig(train_steps=[])  # a policy that only generates (its roles learn)
+    assert not any(never.trains_at(s) for s in range(1, 6))
     for bad in ({"train_steps": [(3, 2)]}, {"train_steps": [(0, 1)]},
-                {"train_steps": [(1, 11)], "train_cycle": 10}, {"train_cycle": 4}):
+                {"train_steps": [(1, 11)], "train_cycle": 10}, {"train_cycle": 4},
+                {"train_steps": [], "train_cycle": 4}):
         with pytest.raises(ValueError, match="train_"):
             TrainerConfig(**bad)
 
@@ -131,7 +134,7 @@ def test_a_roles_phases_are_its_own_not_the_policys():
     cfg = build_config(tree)
     assert [cfg.trainer.trains_at(s) for s in (1, 2)] == [False, True]
     assert [role_config(cfg, "a").trainer.trains_at(s) for s in (1, 2)] == [True, False]
-    assert role_config(cfg, "b").trainer.train_steps == []  # every step: not the policy's phases
+    assert role_config(cfg, "b").trainer.train_steps is None  # every step: not the policy's phases
     tree["roles"]["a"]["trainer"] = {"train_cycle": 2}
     with pytest.raises(ConfigError, match="roles.a"):
         build_config(tree)

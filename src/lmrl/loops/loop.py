@@ -113,8 +113,8 @@ def run_steps(cfg: Config, run: RunDir, resume: Path | None, s: Stages) -> RunRe
                 t1 = time.perf_counter()
                 threads = apply_threads(cfg.trainer.threads)
                 if rollout.chunks == 1:
-                    # (a frozen policy, or one outside its `trainer.train_steps`, only generates: nothing to log)
-                    rests = cfg.trainer.frozen or not cfg.trainer.trains_at(step)
+                    # (a policy outside its `trainer.train_steps` only generates: nothing to log)
+                    rests = not cfg.trainer.trains_at(step)
                     with policy_turn(s.engine):
                         learned, stream = {} if rests else learn(s, rollout.kept, step), {}
                 else:

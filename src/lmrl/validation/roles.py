@@ -11,8 +11,9 @@ ROLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 def _roles(cfg: Config) -> None:
     """Role names, the shared base a role's adapter needs, and the loop a run of roles uses: one process, the
     synchronous loop with in-process `hf` engines, one task."""
-    if cfg.trainer.frozen and not any(role.trains and role.model != "policy" for role in cfg.roles.values()):
-        raise ConfigError("trainer.frozen: the policy does not train, and no role with weights of its own does "
+    if cfg.trainer.train_steps == [] and not any(role.trains and role.model != "policy"
+                                                 for role in cfg.roles.values()):
+        raise ConfigError("trainer.train_steps=[]: the policy does not train, and no role with weights of its own does "
                           "(roles.<name>.trains with model adapter or a model of its own): nothing would learn")
     if not cfg.roles:
         return
