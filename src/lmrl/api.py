@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmrl.config import Config, ConfigError, PipelineConfig, PipelineStage
+from lmrl.config import Config, ConfigError
+from lmrl.pipeline_config import PipelineConfig, PipelineStage
 from lmrl.loading import build_config, dotted_items, pipeline_from_tree
 from lmrl.loops.loop import RunResult
 from lmrl.loops.pipeline import PipelineResult

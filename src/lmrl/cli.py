@@ -14,7 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from lmrl import __version__
-from lmrl.config import Config, ConfigError, PipelineConfig, config_to_yaml
+from lmrl.config import Config, ConfigError, config_to_yaml
+from lmrl.pipeline_config import PipelineConfig
 from lmrl.errors import RewardErrorRate
 from lmrl.loading import load_recipe, load_run_config
 from lmrl.recipe_files import RECIPES_DIR

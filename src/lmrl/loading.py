@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from lmrl.config import (FEEDBACK_FILE, RESUMABLE, AlgoConfig, Config, PipelineConfig, PipelineStage, RefreshConfig,
-                         RunConfig, StageEntry, resumable)
+from lmrl.config import RESUMABLE, AlgoConfig, Config, RunConfig, resumable
+from lmrl.pipeline_config import FEEDBACK_FILE, PipelineConfig, PipelineStage, RefreshConfig, StageEntry
 from lmrl.errors import ConfigError
 from lmrl.presets import PRESETS
 from lmrl.recipe_files import (apply_override, check_keys, get_dotted, has_dotted, is_reference, list_note,

@@ -13,7 +13,7 @@ from fractions import Fraction
 
 import pytest
 
-from lmrl.config import PipelineConfig
+from lmrl.pipeline_config import PipelineConfig
 from lmrl.loading import load_recipe
 from lmrl.recipe_files import RECIPES_DIR
 from lmrl.rewards import REWARD_FNS

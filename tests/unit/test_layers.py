@@ -11,7 +11,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 # Lowest first. A layer is a package under lmrl/ or a top-level module; the package `lmrl` itself
 # (its lazy facade) sits with the API at the top.
-ORDER = ["errors", "types", "stats", "registry", "presets", "recipe_files", "config", "algos", "models",
+ORDER = ["errors", "types", "stats", "registry", "presets", "recipe_files", "config", "pipeline_config", "algos", "models",
          "engines", "serve_queue", "serve", "rewards", "envs", "data", "inputs", "dist", "learners", "trackers",
          "validation", "loading", "task_files", "eval", "loops", "api", "lmrl", "cli"]
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmrl.config import ConfigError, PipelineConfig
+from lmrl.config import ConfigError
+from lmrl.pipeline_config import PipelineConfig
 from lmrl.loading import load_config, load_recipe
 from lmrl.recipe_files import RECIPES_DIR, merge_trees, read_recipe, read_yaml, recipe_path
 from lmrl.validation import check_names

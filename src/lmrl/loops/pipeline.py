@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from lmrl.config import Config, ConfigError, PipelineConfig, PipelineStage, RefreshConfig, resumable
+from lmrl.config import Config, ConfigError, resumable
+from lmrl.pipeline_config import PipelineConfig, PipelineStage, RefreshConfig
 from lmrl.eval.stage_logs import PIPELINE_FILE, STAGES_DIR, read_pipeline
 from lmrl.loading import build_config, checked_tree, load_run_config
 from lmrl.loops.dispatch import train

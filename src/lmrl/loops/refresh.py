@@ -17,7 +17,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from lmrl.config import FEEDBACK_FILE, Config, StopRule
+from lmrl.config import Config, StopRule
+from lmrl.pipeline_config import FEEDBACK_FILE
 from lmrl.loading import load_run_config
 from lmrl.loops.stopping import StopWatch
 from lmrl.models.checkpoint_dirs import list_checkpoints
